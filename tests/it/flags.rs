@@ -123,6 +123,10 @@ fn uring_available() -> bool {
     netgap::transport::find("uring").is_some_and(|t| t.availability().is_ok())
 }
 
+fn xdp_available() -> bool {
+    netgap::transport::find("xdp").is_some_and(|t| t.availability().is_ok())
+}
+
 /// The flags of the transport and method groups that every point-to-point
 /// command records the same way.
 fn shared_point_to_point_cases() -> Vec<(&'static [&'static str], Expect)> {
@@ -165,6 +169,10 @@ fn shared_point_to_point_cases() -> Vec<(&'static [&'static str], Expect)> {
         (
             &["-t", "unix", "--cork"],
             Refused("--cork does not apply to transport unix (it takes --sndbuf, --rcvbuf)"),
+        ),
+        (
+            &["--preload-direct"],
+            Refused("--preload-direct does not apply to transport tcp (it takes --no-nodelay"),
         ),
         (&["--warmup", "5"], Records("/options/warmup", 5.into())),
         (
@@ -221,6 +229,13 @@ fn shared_point_to_point_cases() -> Vec<(&'static [&'static str], Expect)> {
         cases.push((
             &["-t", "uring", "--sqpoll"],
             Records("/options/transport/sqpoll", true.into()),
+        ));
+    }
+    if xdp_available() {
+        // Point-to-point tests run netgap's own flows, no program.
+        cases.push((
+            &["-t", "xdp", "--preload-direct"],
+            Refused("for direct connections (web, gather --responder gmond, pipeline --stages program), and"),
         ));
     }
     cases
@@ -442,14 +457,26 @@ fn every_flag_of_a_multi_host_run_changes_its_record_or_is_refused() {
         tiny: tiny.clone(),
         dir: dir.path(),
     };
-    multistream.walk(&[
+    let mut cases: Vec<(&[&str], Expect)> = vec![
         (&["-P", "2"], Records("/clients", 2.into())),
         (
             &["--clients", "2"],
             Refused("--clients does not apply to multistream"),
         ),
         (&["--bidir"], Records("/options/bidir", true.into())),
-    ]);
+        (
+            &["--preload-direct"],
+            Refused("--preload-direct does not apply to transport tcp (it takes --no-nodelay"),
+        ),
+    ];
+    if xdp_available() {
+        // Its roles are netgap's own: no program to ask.
+        cases.push((
+            &["-t", "xdp", "--preload-direct"],
+            Refused("--preload-direct does not apply to this multistream point: it runs no programs under the preload library; it acts on web, gather --responder gmond, pipeline --stages program"),
+        ));
+    }
+    multistream.walk(&cases);
     let multirail = Command {
         words: vec!["run", "multirail"],
         tiny: tiny.clone(),

@@ -24,6 +24,21 @@
  *     answer, then reads; it is quiet again while the client closes)
  *   direct quietclient IP PORT 0 STREAM_BYTES   (its peer of the above;
  *     prints how long its close took)
+ *   direct closeserver PORT 0 0   (waits until the client's first bytes
+ *     are there, then closes without reading them: a reset, as the
+ *     kernel's close with bytes unread)
+ *   direct closeearlyserver PORT 0 0   (closes as soon as its library
+ *     says the accepted connection went direct, without waiting for
+ *     anything on it: before both ends finished connecting, as a rule)
+ *   direct closegrantserver PORT 0 0   (moves the accepted connection
+ *     into its wait for the direct grant, leaves the answer unread for
+ *     500 ms, then closes; prints whether the grant was still unread then)
+ *   direct closeclient IP PORT 0 0   (writes a few bytes, then its read
+ *     must see the end or fail with ECONNRESET at once; prints how long
+ *     it waited and which)
+ *   direct closenowclient IP PORT 0 0   (writes a few bytes and closes
+ *     at once, before its connection has gone direct; prints how long its
+ *     close took)
  * Every byte is checked; the client prints the median round trip. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -280,6 +295,110 @@ static int quiet_client(int fd, size_t n) {
     return 0;
 }
 
+/* The bytes a closing client writes (Open MPI's connect sends a 24-byte
+ * greeting). */
+#define GREETING_BYTES 24
+
+/* Waits until the client's first bytes are there, then closes without
+ * reading them. */
+static int close_server(int fd) {
+    unsigned char b;
+    ssize_t r = recv(fd, &b, 1, MSG_PEEK);
+    if (r != 1)
+        die("peek");
+    close(fd);
+    printf("closed with bytes unread\n");
+    printf("direct: ok\n");
+    return 0;
+}
+
+/* Whether the library's log (NETGAP_PRELOAD_LOG) has `line`. */
+static int logged(const char *line) {
+    const char *path = getenv("NETGAP_PRELOAD_LOG");
+    static char text[1 << 16];
+    FILE *f = path ? fopen(path, "r") : NULL;
+    if (!f)
+        return 0;
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = 0;
+    return strstr(text, line) != NULL;
+}
+
+/* Looks at the accepted connection without waiting (which moves it along
+ * its setup) until the library says it went direct, then closes it. */
+static int close_early_server(int fd) {
+    unsigned char b;
+    for (long i = 0; !logged("accepted connection moved to direct"); i++) {
+        ssize_t r = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (r < 0 && errno != EAGAIN)
+            die("peek");
+        if (i > 20000)
+            die("never direct");
+        usleep(500);
+    }
+    close(fd);
+    printf("closed once direct\n");
+    printf("direct: ok\n");
+    return 0;
+}
+
+/* Moves the accepted connection into its wait for the direct grant (a
+ * non-blocking peek reads the hello and asks; writability is not said
+ * until the answer), makes no call on it for 500 ms while the answer
+ * comes, then closes: the close must end the connection on the path the
+ * answer gave it, so the client is told at once. */
+static int close_granting_server(int fd) {
+    if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) < 0)
+        die("fcntl");
+    unsigned char b;
+    for (long i = 0;; i++) {
+        if (recv(fd, &b, 1, MSG_PEEK) >= 0 || errno != EAGAIN)
+            die("peek before the grant");
+        struct pollfd p = {.fd = fd, .events = POLLOUT};
+        if (poll(&p, 1, 0) == 0)
+            break;
+        if (i > 6000)
+            die("never waited for a grant");
+        usleep(500);
+    }
+    usleep(500000);
+    int unread = !logged("accepted connection moved to direct");
+    close(fd);
+    printf("closed_while_granting %d\n", unread);
+    printf("direct: ok\n");
+    return 0;
+}
+
+/* Writes its greeting; with `at_once` closes then, else reads, which must
+ * see the server's end or its reset. */
+static int close_client(int fd, int at_once) {
+    unsigned char g[GREETING_BYTES];
+    memset(g, 'g', sizeof g);
+    put_all(fd, g, sizeof g);
+    long t0 = now_ns();
+    if (at_once) {
+        close(fd);
+        printf("close_ns %ld\n", now_ns() - t0);
+        printf("direct: ok\n");
+        return 0;
+    }
+    unsigned char b;
+    ssize_t r = read(fd, &b, 1);
+    int e = errno;
+    printf("read_ms %ld (%s)\n", (now_ns() - t0) / 1000000,
+           r > 0 ? "data" : r == 0 ? "end" : strerror(e));
+    t0 = now_ns();
+    close(fd);
+    printf("close_ns %ld\n", now_ns() - t0);
+    /* The end or a reset, as the kernel's: a server that closed with
+     * nothing unread sends its end, and resets the greeting that comes
+     * after; which the read sees first is a race. */
+    if (r == 0 || (r < 0 && e == ECONNRESET))
+        printf("direct: ok\n");
+    return 0;
+}
+
 /* The image after exec: the inherited connection must have ended. */
 static int after_exec(int fd) {
     unsigned char b;
@@ -307,8 +426,11 @@ int main(int argc, char **argv) {
     int epoll_server = strcmp(argv[1], "epollserver") == 0;
     int quiet_end = strcmp(argv[1], "quietserver") == 0;
     int edges = strcmp(argv[1], "edgeserver") == 0;
-    int server = forks || execs || epoll_server || quiet_end || edges ||
-                 strcmp(argv[1], "server") == 0;
+    int closes = strcmp(argv[1], "closeserver") == 0;
+    int closes_early = strcmp(argv[1], "closeearlyserver") == 0;
+    int closes_granting = strcmp(argv[1], "closegrantserver") == 0;
+    int server = forks || execs || epoll_server || quiet_end || edges || closes ||
+                 closes_early || closes_granting || strcmp(argv[1], "server") == 0;
     int threaded = strcmp(argv[1], "threadclient") == 0;
     select_first = strcmp(argv[1], "selectclient") == 0;
     poll_first = strcmp(argv[1], "pollclient") == 0;
@@ -378,6 +500,14 @@ int main(int argc, char **argv) {
         if (epfd < 0 || epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &e) < 0)
             die("epoll");
     }
+    if (closes)
+        return close_server(fd);
+    if (closes_early)
+        return close_early_server(fd);
+    if (closes_granting)
+        return close_granting_server(fd);
+    if (strcmp(argv[1], "closeclient") == 0 || strcmp(argv[1], "closenowclient") == 0)
+        return close_client(fd, strcmp(argv[1], "closenowclient") == 0);
     if (quiet_end)
         return quiet_server(fd, stream);
     if (strcmp(argv[1], "quietclient") == 0)

@@ -215,6 +215,29 @@ fn check_ok(ends: &[(Ran, String)], relay_logs: &str) {
     panic!("{said}the relays:\n{relay_logs}");
 }
 
+/// Both ends' library logs say the connection (to `port`, when given)
+/// moved to direct; else both logs and the relays'.
+fn assert_direct_at_both_ends(port: Option<&str>, server: &str, client: &str, relay_logs: &str) {
+    let connector = match port {
+        Some(port) => format!("connection to port {port} moved to direct on queue"),
+        None => "moved to direct on queue".to_string(),
+    };
+    assert!(
+        client.contains(&connector)
+            && server.contains("accepted connection moved to direct on queue"),
+        "the client:\n{client}\nthe server:\n{server}\nthe relays:\n{relay_logs}"
+    );
+}
+
+/// Stops the relays and takes the testbed down, checking that no relay
+/// and nothing of the testbed is left.
+fn stop_all(relays: Vec<(Terminated, PathBuf)>, tb: &Testbed) {
+    drop(relays);
+    tb.assert_no_relay();
+    tb.down();
+    tb.assert_gone();
+}
+
 #[test]
 fn a_ping_pong_and_a_stream_across_hosts_go_direct_at_both_ends_with_every_byte_checked() {
     let test =
@@ -231,11 +254,7 @@ fn a_ping_pong_and_a_stream_across_hosts_go_direct_at_both_ends_with_every_byte_
     let relay_logs = all_logs(&relays);
     check_ok(&ends, &relay_logs);
     let [(_, server), (client_out, client)] = &ends;
-    assert!(
-        client.contains("connection to port 7700 moved to direct on queue")
-            && server.contains("accepted connection moved to direct on queue"),
-        "the client:\n{client}\nthe server:\n{server}\nthe relays:\n{relay_logs}"
-    );
+    assert_direct_at_both_ends(Some("7700"), server, client, &relay_logs);
     for log in [server, client] {
         // Nothing went through a relay's ring.
         assert!(!log.contains("via the relay"), "{log}");
@@ -258,10 +277,7 @@ fn a_ping_pong_and_a_stream_across_hosts_go_direct_at_both_ends_with_every_byte_
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    drop(relays);
-    tb.assert_no_relay();
-    tb.down();
-    tb.assert_gone();
+    stop_all(relays, &tb);
 }
 
 /// A regression test: a thread writing while the connector's offer went
@@ -290,15 +306,8 @@ fn bytes_written_by_another_thread_while_the_offer_goes_direct_all_arrive_in_ord
     let relay_logs = all_logs(&relays);
     check_ok(&ends, &relay_logs);
     let [(_, server), (_, client)] = &ends;
-    assert!(
-        client.contains("connection to port 7705 moved to direct on queue")
-            && server.contains("accepted connection moved to direct on queue"),
-        "the client:\n{client}\nthe server:\n{server}\nthe relays:\n{relay_logs}"
-    );
-    drop(relays);
-    tb.assert_no_relay();
-    tb.down();
-    tb.assert_gone();
+    assert_direct_at_both_ends(Some("7705"), server, client, &relay_logs);
+    stop_all(relays, &tb);
 }
 
 /// A regression test: `select` on a direct connection watched its kernel
@@ -347,17 +356,124 @@ fn a_client_that_waits_in_select_poll_or_epoll_for_each_read_sees_its_direct_con
         let relay_logs = all_logs(&relays);
         check_ok(&ends, &relay_logs);
         let [(_, server), (_, client)] = &ends;
+        assert_direct_at_both_ends(Some(port), server, client, &relay_logs);
+    }
+    stop_all(relays, &tb);
+}
+
+/// Waits until the relays of `relays` logged `n` queues free again, for
+/// at most `within`.
+fn queues_free(relays: &[(Terminated, PathBuf)], n: usize, within: std::time::Duration) {
+    let t0 = std::time::Instant::now();
+    while all_logs(relays).matches("is free again").count() < n {
         assert!(
-            client.contains(&format!(
-                "connection to port {port} moved to direct on queue"
-            )) && server.contains("accepted connection moved to direct on queue"),
-            "the client:\n{client}\nthe server:\n{server}\nthe relays:\n{relay_logs}"
+            t0.elapsed() < within,
+            "the queues stay held:\n{}",
+            all_logs(relays)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// A regression test: a direct connection whose program closed it before
+/// both ends finished connecting, or with its peer's bytes unread, told
+/// its peer nothing, and the peer waited out the transport's silence
+/// limit (10 s) holding its queue, its process's exit waiting on it (Open
+/// MPI throws one of two crossing connections away so). A server that
+/// closes with the client's greeting unread resets the connection, as the
+/// kernel's close does: the client's read fails with ECONNRESET at once,
+/// its close returns at once, and both relays free their queues within a
+/// second or two; a client that closes at once after its greeting, while
+/// its connection is still being offered, is done as soon, and its
+/// process's exit with it. A server that closes its accepted connection
+/// while the grant waits unread on its request socket (the client already
+/// on its direct connection) resets the client as soon: the close takes
+/// the grant first (it used to drop it, and the client waited out its
+/// silence limit).
+#[test]
+fn a_connection_closed_with_bytes_unread_resets_its_peer_at_once_and_frees_both_queues() {
+    let test =
+        "a_connection_closed_with_bytes_unread_resets_its_peer_at_once_and_frees_both_queues";
+    if !system_ready(test) || !common::installed(test, &[("/usr/bin/cc", "gcc")]) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = common::build_c(dir.path(), "direct", include_str!("preload_direct.c"), "cc");
+    let (tb, _) = Testbed::up("pdirclose", &["--hosts", "2", "--links", "2"]);
+    let key = common::new_key_file(dir.path(), "relay.key");
+    let relays = relays(&tb, &key, dir.path(), &[]);
+    // Built before the clock starts.
+    common::preload_library();
+    let mut freed = 0;
+    for (server_mode, client_mode, port) in [
+        ("closeserver", "closeclient", "7712"),
+        ("closeserver", "closenowclient", "7713"),
+        ("closeearlyserver", "closeclient", "7714"),
+        ("closeearlyserver", "closenowclient", "7715"),
+        // Closed while its grant was in but not yet taken: the close takes
+        // it and ends the direct connection, which the client is on.
+        ("closegrantserver", "closeclient", "7716"),
+    ] {
+        let logs = dir.path().join(port);
+        std::fs::create_dir(&logs).expect("a log directory");
+        let t0 = std::time::Instant::now();
+        let ends = pair(&tb, &exe, &logs, port, [server_mode, client_mode], "0", "0");
+        let took = t0.elapsed();
+        let relay_logs = all_logs(&relays);
+        check_ok(&ends, &relay_logs);
+        let [(server_out, server), (client_out, client)] = &ends;
+        if server_mode == "closegrantserver" {
+            assert!(
+                server_out.stdout.contains("closed_while_granting 1"),
+                "the grant was taken before the close:\n{}\n{server}",
+                server_out.stdout
+            );
+        }
+        assert_direct_at_both_ends(Some(port), server, client, &relay_logs);
+        for log in [server, client] {
+            assert!(!log.contains("timed out"), "{log}");
+            assert!(!log.contains("shm connection closed"), "{log}");
+        }
+        let said = |key: &str| -> u64 {
+            client_out
+                .stdout
+                .lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|l| l.split_whitespace().next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("no {key} in {}", client_out.stdout))
+        };
+        if client_mode == "closeclient" {
+            let read_ms = said("read_ms ");
+            assert!(read_ms < 2000, "the end took {read_ms} ms\n{client}");
+            // The greeting was there, unread, when the server closed: a
+            // reset, not the end.
+            if server_mode == "closeserver" {
+                assert!(
+                    client_out.stdout.contains("(Connection reset by peer)"),
+                    "{}",
+                    client_out.stdout
+                );
+            }
+        }
+        let close_ns = said("close_ns ");
+        assert!(
+            close_ns < 50_000_000,
+            "the close took {close_ns} ns\n{client}"
+        );
+        // Both programs ran and exited well within the silence limit.
+        assert!(
+            took < std::time::Duration::from_secs(6),
+            "{server_mode}, {client_mode}: the pair took {took:?}\n{client}\n{server}"
+        );
+        freed += 2;
+        queues_free(&relays, freed, std::time::Duration::from_secs(2));
+        eprintln!(
+            "{test}: {server_mode}, {client_mode}: both ends done in {} ms",
+            took.as_millis()
         );
     }
-    drop(relays);
-    tb.assert_no_relay();
-    tb.down();
-    tb.assert_gone();
+    stop_all(relays, &tb);
 }
 
 #[test]
@@ -419,10 +535,7 @@ fn a_relay_with_no_direct_keeps_the_connection_on_the_relays_path_at_both_ends()
         server_out.stdout
     );
     eprintln!("{test}: the server's first peek took {first_peek_ms} ms");
-    drop(relays);
-    tb.assert_no_relay();
-    tb.down();
-    tb.assert_gone();
+    stop_all(relays, &tb);
 }
 
 #[test]
@@ -528,10 +641,7 @@ fn a_killed_program_frees_its_queue_and_its_peer_sees_the_connection_time_out() 
         "{test}: the server saw the peer gone after {} ms",
         waited.as_millis()
     );
-    drop(relays);
-    tb.assert_no_relay();
-    tb.down();
-    tb.assert_gone();
+    stop_all(relays, &tb);
 }
 
 #[test]
@@ -551,16 +661,9 @@ fn a_server_that_forks_after_accept_serves_the_direct_connection_from_its_child(
     let [(_, server), (_, client)] = &ends;
     // The child, the first to read the accepted connection, set it up and
     // drove it; the parent's close of its copy sent nothing.
-    assert!(
-        client.contains("moved to direct on queue")
-            && server.contains("accepted connection moved to direct on queue"),
-        "the client:\n{client}\nthe server:\n{server}\nthe relays:\n{relay_logs}"
-    );
+    assert_direct_at_both_ends(None, server, client, &relay_logs);
     assert!(!server.contains("EBADFD"), "{server}");
-    drop(relays);
-    tb.assert_no_relay();
-    tb.down();
-    tb.assert_gone();
+    stop_all(relays, &tb);
 }
 
 /// A regression test: an edge-triggered epoll registration of a direct
@@ -592,15 +695,8 @@ fn an_edge_triggered_server_sees_a_request_that_arrived_before_its_wait() {
     let relay_logs = all_logs(&relays);
     check_ok(&ends, &relay_logs);
     let [(_, server), (_, client)] = &ends;
-    assert!(
-        client.contains("connection to port 7708 moved to direct on queue")
-            && server.contains("accepted connection moved to direct on queue"),
-        "the client:\n{client}\nthe server:\n{server}\nthe relays:\n{relay_logs}"
-    );
-    drop(relays);
-    tb.assert_no_relay();
-    tb.down();
-    tb.assert_gone();
+    assert_direct_at_both_ends(Some("7708"), server, client, &relay_logs);
+    stop_all(relays, &tb);
 }
 
 /// The progress thread: a server that makes no socket call for longer
@@ -611,6 +707,8 @@ fn an_edge_triggered_server_sees_a_request_that_arrived_before_its_wait() {
 /// finished in the background.
 #[test]
 fn a_program_quiet_past_the_silence_limit_keeps_its_peer_and_a_close_returns_at_once() {
+    // Also: a connection past its user's cap of queues falls back to the
+    // relays at once at both ends while the quiet one holds the queue.
     let test = "a_program_quiet_past_the_silence_limit_keeps_its_peer_and_a_close_returns_at_once";
     if !system_ready(test) || !common::installed(test, &[("/usr/bin/cc", "gcc")]) {
         return;
@@ -619,24 +717,73 @@ fn a_program_quiet_past_the_silence_limit_keeps_its_peer_and_a_close_returns_at_
     let exe = common::build_c(dir.path(), "direct", include_str!("preload_direct.c"), "cc");
     let (tb, _) = Testbed::up("pdirquiet", &["--hosts", "2", "--links", "2"]);
     let key = common::new_key_file(dir.path(), "relay.key");
-    let relays = relays(&tb, &key, dir.path(), &[]);
-    let ends = pair(
-        &tb,
-        &exe,
-        dir.path(),
-        "7707",
-        ["quietserver", "quietclient"],
-        "0",
-        "65536",
-    );
+    // Built before the quiet pair starts, so that its wait for the direct
+    // connection below does not include the library's build.
+    common::preload_library();
+    // The server's user may hold one queue: the quiet connection's.
+    let relays = relays(&tb, &key, dir.path(), &["--max-direct-per-uid", "1"]);
+    let past = dir.path().join("past");
+    std::fs::create_dir(&past).expect("a log directory");
+    let (ends, past_ends) = std::thread::scope(|s| {
+        let quiet = s.spawn(|| {
+            pair(
+                &tb,
+                &exe,
+                dir.path(),
+                "7707",
+                ["quietserver", "quietclient"],
+                "0",
+                "65536",
+            )
+        });
+        let server_log = dir.path().join("library-server.log");
+        let t0 = std::time::Instant::now();
+        while !std::fs::read_to_string(&server_log)
+            .unwrap_or_default()
+            .contains("moved to direct")
+        {
+            assert!(
+                t0.elapsed().as_secs() < 10,
+                "the quiet connection is not direct"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        // While the quiet connection holds the server's queue, a second
+        // connection is past its user's cap: both ends fall back to the
+        // relays at once, every byte checked.
+        let past_ends = pair_on(
+            &tb,
+            &exe,
+            &past,
+            "7711",
+            ["epollserver", "client"],
+            ("200", "65536"),
+            [1, 0],
+        );
+        (quiet.join().expect("the quiet pair"), past_ends)
+    });
     let relay_logs = all_logs(&relays);
+    check_ok(&past_ends, &relay_logs);
+    let [(past_out, past_server), (_, past_client)] = &past_ends;
+    common::assert_relayed_at_both_ends(&format!("{past_server}{past_client}"));
+    for log in [past_server, past_client] {
+        assert!(!log.contains("moved to direct"), "{log}");
+        assert_eq!(log.matches(": relay: ").count(), 1, "{log}");
+    }
+    let first_peek_ms: u64 = past_out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("first_peek_ms "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no first peek in {}", past_out.stdout));
+    assert!(
+        first_peek_ms < 1000,
+        "the first peek waited {first_peek_ms} ms"
+    );
     check_ok(&ends, &relay_logs);
     let [(_, server), (client_out, client)] = &ends;
-    assert!(
-        client.contains("connection to port 7707 moved to direct on queue")
-            && server.contains("accepted connection moved to direct on queue"),
-        "the client:\n{client}\nthe server:\n{server}\nthe relays:\n{relay_logs}"
-    );
+    assert_direct_at_both_ends(Some("7707"), server, client, &relay_logs);
     // The close did not wait for the quiet server's acknowledgment, which
     // the transport's linger (300 ms) would have.
     let close_ns: u64 = client_out
@@ -650,10 +797,7 @@ fn a_program_quiet_past_the_silence_limit_keeps_its_peer_and_a_close_returns_at_
         close_ns < linger_ns / 2,
         "the close took {close_ns} ns, the linger's time\n{client}"
     );
-    drop(relays);
-    tb.assert_no_relay();
-    tb.down();
-    tb.assert_gone();
+    stop_all(relays, &tb);
 }
 
 #[test]
@@ -726,8 +870,5 @@ fn a_direct_connection_kept_across_exec_is_shut_down_in_the_new_image() {
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    drop(relays);
-    tb.assert_no_relay();
-    tb.down();
-    tb.assert_gone();
+    stop_all(relays, &tb);
 }

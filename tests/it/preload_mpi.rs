@@ -7,7 +7,8 @@
 //! (`preload=shm|xdp`) and carry no warning of a connection it kept on the
 //! kernel's TCP. And with every message verified: an mpicc ping-pong
 //! (`preload_mpi_pingpong.c`, which checks every byte of every message)
-//! between two testbed hosts under the library through the relays; the
+//! between two testbed hosts under the library through the relays, and
+//! again on direct connections (`NETGAP_PRELOAD_DIRECT=1`); the
 //! same program on one host over shm is `preload::an_open_mpi_ping_pong_over_the_tcp_btl_moves_to_shm`.
 //!
 //! Without root or namespaces the tests print why and pass (with
@@ -136,6 +137,97 @@ mod across_hosts {
             .sum()
     }
 
+    /// The bytes the closed direct connections in `log` sent, each
+    /// connection's sum.
+    fn direct_sent_bytes(log: &str) -> Vec<u64> {
+        log.lines()
+            .filter(|l| l.contains("direct connection on queue") && l.contains(" closed: "))
+            .filter_map(|l| {
+                let (_, after) = l.split_once(" closed: ")?;
+                after.split_whitespace().next()?.parse::<u64>().ok()
+            })
+            .collect()
+    }
+
+    /// `preload_mpi_pingpong.c` (`exe`) for 300 round trips between the
+    /// testbed's two hosts under the library over xdp, with `env` added to
+    /// the ranks' environment and the library's log in `log`: mpirun in
+    /// the first host's namespaces, its daemon on the second through
+    /// netgap's launch agent, as `netgap run mpi-*` starts them; only the
+    /// ranks run under the library. Every message checked.
+    fn ping_pong(
+        tb: &Testbed,
+        dir: &std::path::Path,
+        exe: &std::path::Path,
+        log: &std::path::Path,
+        env: &[&str],
+    ) {
+        let netgap_path = common::netgap_path();
+        let netgap_s = netgap_path.to_str().expect("a path");
+        let hosts = tb.hosts();
+        let (h1, h2) = (&hosts.hosts[0], &hosts.hosts[1]);
+        let iface = &h1.links[0].ifname;
+        let mut cmd = Command::new("timeout");
+        cmd.args(["-s", "KILL", "120", netgap_s, "mpi-exec", "--netns"])
+            .arg(tb.ns("h1"))
+            .args(["--hostname", "h1", "--", "mpirun", "--allow-run-as-root"])
+            .args(["-np", "2", "--host"])
+            .arg(format!("{}:1,{}:1", h1.address, h2.address))
+            .args(["--mca", "pml", "ob1", "--mca", "btl", "tcp,self"])
+            .args(["--mca", "btl_tcp_if_include", iface])
+            .args(["--mca", "oob_tcp_if_include", iface])
+            .args(["--mca", "plm_rsh_agent"])
+            .arg(format!("{netgap_s} mpi-agent"))
+            .args(["--mca", "orte_tmpdir_base"])
+            .arg(dir)
+            .arg("-x")
+            .arg(format!(
+                "LD_PRELOAD={}",
+                common::preload_library().display()
+            ))
+            .args(["-x", "NETGAP_PRELOAD_STACK=xdp", "-x"])
+            .arg(format!("NETGAP_PRELOAD_LOG={}", log.display()));
+        for e in env {
+            cmd.args(["-x", e]);
+        }
+        let out = cmd
+            .arg(exe)
+            .arg("300")
+            .env(
+                "NETGAP_MPI_HOSTS",
+                format!(
+                    "{}={}=h1;{}={}=h2",
+                    h1.address,
+                    tb.ns("h1"),
+                    h2.address,
+                    tb.ns("h2")
+                ),
+            )
+            .output()
+            .expect("mpirun runs");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{stdout}{}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            crate::preload::read(log)
+        );
+        // 300 round trips of 1 B and 1 KiB, 31 of 64 KiB and of 1 MiB,
+        // every byte checked by both ranks.
+        assert!(
+            stdout.contains("verified round trips: 662 bad: 0"),
+            "{stdout}"
+        );
+    }
+
+    /// The ping-pong through the relays, then on direct connections
+    /// (`NETGAP_PRELOAD_DIRECT=1`, relays that grant them): the ranks
+    /// connect to each other at once, so each relay gets a listen and
+    /// then a connect to the other's end, and the two relays open their
+    /// links from both sides. On direct connections that pins a fault of
+    /// the relay's: the connect's link closed the crossing one as stale,
+    /// the queue answer the other relay owed on it was lost, and the
+    /// ranks' connection failed after the relays' 3 s wait.
     #[test]
     fn a_verified_mpi_ping_pong_across_testbed_hosts_through_the_relays() {
         let test = "a_verified_mpi_ping_pong_across_testbed_hosts_through_the_relays";
@@ -150,71 +242,35 @@ mod across_hosts {
             include_str!("preload_mpi_pingpong.c"),
             "mpicc",
         );
-        let netgap_path = common::netgap_path();
-        let netgap_s = netgap_path.to_str().expect("a path");
         let key = common::new_key_file(dir.path(), "relay.key");
-        let hosts = tb.hosts();
-        let (h1, h2) = (&hosts.hosts[0], &hosts.hosts[1]);
         let relays = tb.start_relays(&key, dir.path());
-        // mpirun in the first host's namespaces, its daemon on the second
-        // through netgap's launch agent, as `netgap run mpi-*` starts them;
-        // only the ranks run under the library. The ranks connect to each
-        // other at once: both relays, with no link yet, get a listen and then
-        // a connect to the other's end, and open their link from both sides.
         let log = dir.path().join("mpi.log");
-        let iface = &h1.links[0].ifname;
-        let out = Command::new("timeout")
-            .args(["-s", "KILL", "120", netgap_s, "mpi-exec", "--netns"])
-            .arg(tb.ns("h1"))
-            .args(["--hostname", "h1", "--", "mpirun", "--allow-run-as-root"])
-            .args(["-np", "2", "--host"])
-            .arg(format!("{}:1,{}:1", h1.address, h2.address))
-            .args(["--mca", "pml", "ob1", "--mca", "btl", "tcp,self"])
-            .args(["--mca", "btl_tcp_if_include", iface])
-            .args(["--mca", "oob_tcp_if_include", iface])
-            .args(["--mca", "plm_rsh_agent"])
-            .arg(format!("{netgap_s} mpi-agent"))
-            .args(["--mca", "orte_tmpdir_base"])
-            .arg(dir.path())
-            .arg("-x")
-            .arg(format!(
-                "LD_PRELOAD={}",
-                common::preload_library().display()
-            ))
-            .args(["-x", "NETGAP_PRELOAD_STACK=xdp", "-x"])
-            .arg(format!("NETGAP_PRELOAD_LOG={}", log.display()))
-            .arg(&exe)
-            .arg("300")
-            .env(
-                "NETGAP_MPI_HOSTS",
-                format!(
-                    "{}={}=h1;{}={}=h2",
-                    h1.address,
-                    tb.ns("h1"),
-                    h2.address,
-                    tb.ns("h2")
-                ),
-            )
-            .output()
-            .expect("mpirun runs");
-        let stdout = String::from_utf8_lossy(&out.stdout);
+        ping_pong(&tb, dir.path(), &exe, &log, &[]);
         let text = crate::preload::read(&log);
-        assert!(
-            out.status.success(),
-            "{stdout}{}\n{text}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        // 300 round trips of 1 B and 1 KiB, 31 of 64 KiB and of 1 MiB,
-        // every byte checked by both ranks.
-        assert!(
-            stdout.contains("verified round trips: 662 bad: 0"),
-            "{stdout}"
-        );
         // The connection between the ranks moved to xdp at both ends.
         common::assert_relayed_at_both_ends(&text);
         // Both ranks received 31 MiB and more each through the relays.
         let relayed = relayed_received_bytes(&text);
         assert!(relayed > 2 * 31 * (1 << 20), "{relayed} B relayed: {text}");
+        drop(relays);
+        tb.assert_no_relay();
+
+        let relays = tb.start_direct_relays(&key, dir.path());
+        let log = dir.path().join("mpi-direct.log");
+        ping_pong(&tb, dir.path(), &exe, &log, &["NETGAP_PRELOAD_DIRECT=1"]);
+        let text = crate::preload::read(&log);
+        // The connection that carried the messages was direct at both
+        // ranks, and nothing went through the relays.
+        let carried: Vec<u64> = direct_sent_bytes(&text)
+            .into_iter()
+            .filter(|b| *b > 31 * (1 << 20))
+            .collect();
+        assert_eq!(carried.len(), 2, "{text}");
+        assert!(
+            text.contains("accepted connection moved to direct"),
+            "{text}"
+        );
+        assert!(!text.contains("relayed connection closed"), "{text}");
         drop(relays);
         tb.assert_no_relay();
         tb.down();

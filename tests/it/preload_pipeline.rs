@@ -2,7 +2,9 @@
 //! their own on the kernel's TCP sockets (`netgap pipeline-stages`), on
 //! one host under the preload library over shm (the in-process agents),
 //! and, built with the `xdp` feature, across two testbed hosts over xdp
-//! through the hosts' relays. Every UOW is verified end to end as the
+//! through the hosts' relays, and again on direct connections
+//! (`--preload-direct`, each stream on an AF_XDP socket of its stage's
+//! own, the record a stack of its own). Every UOW is verified end to end as the
 //! agent's own stages do; the library's counters in the record show every
 //! stream on the library's path (none left on the kernel's TCP) and the
 //! bytes on it; the record names the stages' program; nothing it started
@@ -186,6 +188,7 @@ fn pipeline_stages_across_testbed_hosts_over_xdp_go_through_the_relays() {
     assert_eq!(recs.len(), 1, "{text}");
     let r = &recs[0];
     assert_eq!(r["transport"], "xdp");
+    assert!(r["options"]["transport"].get("preload_direct").is_none());
     every_uow_verified(r);
     assert_eq!(metric(r, "preload_xdp_connections"), 2.0, "{}", r["app"]);
     assert_eq!(metric(r, "preload_kernel_connections"), 0.0, "{}", r["app"]);
@@ -212,6 +215,51 @@ fn pipeline_stages_across_testbed_hosts_over_xdp_go_through_the_relays() {
         "relays left after the run"
     );
     assert_eq!(stages_left(), "", "stages' programs left after the run");
+
+    // The same run with its programs asking for direct connections: both
+    // streams direct, on the stages' own AF_XDP sockets, and the record
+    // says the run asked for them.
+    let json = dir.path().join("direct.jsonl");
+    let hosts = tb.hosts_arg();
+    let (ok, text, recs) = run(&["-t", "xdp", "--preload-direct", "--hosts", &hosts], &json);
+    assert!(ok, "{text}");
+    assert_eq!(recs.len(), 1, "{text}");
+    let r = &recs[0];
+    assert_eq!(r["options"]["transport"]["preload_direct"], true);
+    assert!(
+        r["stack"]["options"]
+            .as_array()
+            .is_some_and(|o| o.contains(&Value::from("preload_direct"))),
+        "{}",
+        r["stack"]
+    );
+    for s in r["app"]["services"].as_array().expect("services") {
+        assert_eq!(
+            s["facts"]["sockets"],
+            "kernel TCP sockets under the preload library, stack xdp with direct connections",
+            "{s}"
+        );
+    }
+    every_uow_verified(r);
+    assert_eq!(metric(r, "preload_direct"), 2.0, "{}", r["app"]);
+    assert_eq!(metric(r, "preload_xdp_connections"), 2.0, "{}", r["app"]);
+    assert_eq!(metric(r, "preload_kernel_connections"), 0.0, "{}", r["app"]);
+    // The direct sockets' bytes, counted at both ends.
+    assert!(
+        metric(r, "preload_xdp_bytes") >= 4.0 * QUERY_BYTES,
+        "{}",
+        r["app"]
+    );
+    assert_eq!(
+        tb.run_relays(),
+        Vec::<String>::new(),
+        "relays left after the direct run"
+    );
+    assert_eq!(
+        stages_left(),
+        "",
+        "stages' programs left after the direct run"
+    );
     tb.down();
     tb.assert_gone();
 }

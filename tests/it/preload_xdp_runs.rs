@@ -5,8 +5,10 @@
 //! verified; `gather` with real gmond answering over xdp; both with every
 //! connection relayed (none left on the kernel's TCP), the payload on the
 //! relays rather than the kernel sockets, the relays the runs started
-//! gone afterwards, and netgap's own responder (aimed at IP:PORT) refused
-//! over xdp in one line. And a wrapped curl, with relays on both hosts,
+//! gone afterwards; Apache and gmond also on direct connections (each on
+//! an AF_XDP socket of its program's own, `--preload-direct`), recorded
+//! as a stack of their own, and netgap's own responder (aimed at IP:PORT)
+//! refused over xdp in one line. And a wrapped curl, with relays on both hosts,
 //! against a plain HTTP server without the library: the probe of the
 //! server's host keeps the connection on the kernel's TCP before any byte
 //! of the library is sent, and the body arrives intact.
@@ -25,10 +27,52 @@ use std::process::Command;
 /// `netgap run ARGS --hosts @TESTBED --json FILE`: its success, its
 /// output and the records.
 fn run(tb: &Testbed, args: &[&str], json: &Path) -> (bool, String, Vec<Value>) {
-    let hosts = tb.hosts_arg();
     let mut all = args.to_vec();
+    let hosts = tb.hosts_arg();
     all.extend(["--hosts", &hosts]);
     common::run_preloaded(&all, json)
+}
+
+/// The path a run's connections across hosts are to take.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Way {
+    /// Through the hosts' relays (the programs do not ask for direct
+    /// connections).
+    Relays,
+    /// Direct, each on an AF_XDP socket of its program's own
+    /// (`--preload-direct`: the programs ask for them).
+    Direct,
+}
+
+impl Way {
+    /// The run's flags for this way.
+    fn flags(self) -> &'static [&'static str] {
+        match self {
+            Way::Relays => &[],
+            Way::Direct => &["--preload-direct"],
+        }
+    }
+
+    /// Checks that record `r` says which way its run asked for: a
+    /// direct run's options and stack name it, a relayed run's keep their
+    /// earlier form.
+    fn recorded(self, r: &Value) {
+        let options = &r["options"]["transport"];
+        let stack: Vec<&str> = r["stack"]["options"]
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        match self {
+            Way::Relays => {
+                assert!(options.get("preload_direct").is_none(), "{options}");
+                assert!(!stack.contains(&"preload_direct"), "{stack:?}");
+            }
+            Way::Direct => {
+                assert_eq!(options["preload_direct"], true, "{options}");
+                assert!(stack.contains(&"preload_direct"), "{stack:?}");
+            }
+        }
+    }
 }
 
 /// `web -t xdp` with `flags` (for 1 s unless they say `--duration`)
@@ -39,6 +83,15 @@ fn run(tb: &Testbed, args: &[&str], json: &Path) -> (bool, String, Vec<Value>) {
 /// sockets, no warning, the record saying the relay was started for the
 /// run, and no relay of the run left afterwards. The records.
 fn web_across_hosts(tb: &Testbed, dir: &Path, flags: &[&str]) -> Vec<Value> {
+    web_across_hosts_by(tb, Way::Relays, dir, flags)
+}
+
+/// [`web_across_hosts`] with its connections taking `way`: with
+/// [`Way::Direct`] every connection the load generator made went direct
+/// (`preload_direct`, counted from its log's "moved to direct" lines),
+/// its payload on the AF_XDP sockets (counted in `preload_xdp_bytes`
+/// too), and the record says the run asked for them.
+fn web_across_hosts_by(tb: &Testbed, way: Way, dir: &Path, flags: &[&str]) -> Vec<Value> {
     let json = dir.join("web.jsonl");
     let _ = std::fs::remove_file(&json);
     let mut args = vec!["web", "-t", "xdp", "--reps", "1"];
@@ -46,6 +99,7 @@ fn web_across_hosts(tb: &Testbed, dir: &Path, flags: &[&str]) -> Vec<Value> {
         args.extend(["--duration", "1s"]);
     }
     args.extend_from_slice(flags);
+    args.extend_from_slice(way.flags());
     let (ok, text, recs) = run(tb, &args, &json);
     assert!(ok, "{text}");
     let sizes = flags
@@ -56,17 +110,26 @@ fn web_across_hosts(tb: &Testbed, dir: &Path, flags: &[&str]) -> Vec<Value> {
     assert_eq!(recs.len(), sizes, "{text}");
     for r in &recs {
         assert_eq!(r["transport"], "xdp");
+        way.recorded(r);
         let transactions = metric(r, "transactions");
         assert!(transactions > 0.0, "{}", r["app"]);
         assert_eq!(metric(r, "checked"), transactions, "{}", r["app"]);
         assert_eq!(metric(r, "verified"), transactions, "every body verified");
-        // The whole record: its warnings carry the load generator's last
-        // error.
-        assert_eq!(metric(r, "errors"), 0.0, "{r}");
+        // Its warnings carry the load generator's last error and what the
+        // server's error log and both programs' library logs said.
+        assert_eq!(metric(r, "errors"), 0.0, "{:#}", r["warnings"]);
         assert_eq!(metric(r, "verified_share"), 1.0, "{}", r["app"]);
         assert!(metric(r, "preload_xdp_connections") >= 1.0, "{}", r["app"]);
         assert_eq!(metric(r, "preload_kernel_connections"), 0.0, "{}", r["app"]);
         assert_eq!(metric(r, "preload_shm_connections"), 0.0, "{}", r["app"]);
+        if way == Way::Direct {
+            assert_eq!(
+                metric(r, "preload_direct"),
+                metric(r, "preload_xdp_connections"),
+                "every connection direct: {}",
+                r["app"]
+            );
+        }
         let relayed = metric(r, "preload_xdp_bytes");
         let kernel = metric(r, "preload_kernel_tcp_bytes");
         assert!(
@@ -99,6 +162,51 @@ fn web_across_hosts(tb: &Testbed, dir: &Path, flags: &[&str]) -> Vec<Value> {
     recs
 }
 
+/// `gather -t xdp --responder gmond` for 1 s on the testbed: gmond on
+/// the second host under the library, the gatherer on the first; every
+/// answer read, a connection of its own per answer and every one on xdp
+/// (none on the kernel's TCP), no warning, the record saying which `way`
+/// the run asked for. `Way::Direct` also asks that at least one went
+/// direct (one that falls back to the relays still carries its answer;
+/// the record counts what went direct).
+fn gmond_across_hosts(tb: &Testbed, way: Way, json: &Path) {
+    let mut args = vec![
+        "gather",
+        "-t",
+        "xdp",
+        "--responder",
+        "gmond",
+        "--reps",
+        "1",
+        "--duration",
+        "1s",
+    ];
+    args.extend_from_slice(way.flags());
+    let (ok, text, recs) = run(tb, &args, json);
+    assert!(ok, "{text}");
+    assert_eq!(recs.len(), 1, "{text}");
+    let r = &recs[0];
+    assert_eq!(r["transport"], "xdp");
+    way.recorded(r);
+    let gathers = metric(r, "gathers");
+    assert!(gathers > 0.0, "{}", r["app"]);
+    assert!(metric(r, "xml_metrics") > 0.0, "{}", r["app"]);
+    assert!(
+        metric(r, "preload_xdp_connections") >= gathers,
+        "{}",
+        r["app"]
+    );
+    if way == Way::Direct {
+        assert!(metric(r, "preload_direct") >= 1.0, "{}", r["app"]);
+    }
+    assert_eq!(metric(r, "preload_kernel_connections"), 0.0, "{}", r["app"]);
+    assert!(
+        r["warnings"].as_array().is_none_or(Vec::is_empty),
+        "{}",
+        r["warnings"]
+    );
+}
+
 #[test]
 fn nginx_and_gmond_serve_across_testbed_hosts_over_xdp_through_the_relays() {
     let test = "nginx_and_gmond_serve_across_testbed_hosts_over_xdp_through_the_relays";
@@ -124,45 +232,22 @@ fn nginx_and_gmond_serve_across_testbed_hosts_over_xdp_through_the_relays() {
     web_across_hosts(&tb, dir.path(), &["-s", "1k,64k"]);
 
     // gmond on the second host, the gatherer on the first.
-    let json = dir.path().join("gather.jsonl");
-    let (ok, text, recs) = run(
-        &tb,
-        &[
-            "gather",
-            "-t",
-            "xdp",
-            "--responder",
-            "gmond",
-            "--reps",
-            "1",
-            "--duration",
-            "1s",
-        ],
-        &json,
-    );
-    assert!(ok, "{text}");
-    assert_eq!(recs.len(), 1, "{text}");
-    let r = &recs[0];
-    assert_eq!(r["transport"], "xdp");
-    let gathers = metric(r, "gathers");
-    assert!(gathers > 0.0, "{}", r["app"]);
-    assert!(metric(r, "xml_metrics") > 0.0, "{}", r["app"]);
-    // Every exchange a connection of its own, every one relayed.
-    assert!(
-        metric(r, "preload_xdp_connections") >= gathers,
-        "{}",
-        r["app"]
-    );
-    assert_eq!(metric(r, "preload_kernel_connections"), 0.0, "{}", r["app"]);
-    assert!(
-        r["warnings"].as_array().is_none_or(Vec::is_empty),
-        "{}",
-        r["warnings"]
-    );
+    gmond_across_hosts(&tb, Way::Relays, &dir.path().join("gather.jsonl"));
     assert_eq!(
         tb.run_relays(),
         Vec::<String>::new(),
         "relays left after the gather run"
+    );
+
+    // gmond again, its programs asking for direct connections: a
+    // connection per answer, each set up direct (a connection that falls
+    // back to the relays still carries its answer; the record counts what
+    // went direct), every answer read.
+    gmond_across_hosts(&tb, Way::Direct, &dir.path().join("gather-direct.jsonl"));
+    assert_eq!(
+        tb.run_relays(),
+        Vec::<String>::new(),
+        "relays left after the direct gather run"
     );
 
     // netgap's own responder is aimed at IP:PORT: refused over xdp.
@@ -185,7 +270,9 @@ fn nginx_and_gmond_serve_across_testbed_hosts_over_xdp_through_the_relays() {
 /// One child with 12 clients for 4 s pins a bug of the library's epoll: a
 /// connection a worker registered during the listener's wait reached
 /// Apache as two events (its relay socket's and its own), and the child
-/// aborted (AH03096 event_loop: unexpected state 1).
+/// aborted (AH03096 event_loop: unexpected state 1). Then the same server
+/// and load generator with `--preload-direct`: every connection direct,
+/// every body verified, the record a stack of its own.
 #[test]
 fn apache_event_mpm_serves_across_testbed_hosts_over_xdp_through_the_relays() {
     let test = "apache_event_mpm_serves_across_testbed_hosts_over_xdp_through_the_relays";
@@ -215,24 +302,37 @@ fn apache_event_mpm_serves_across_testbed_hosts_over_xdp_through_the_relays() {
             "4s",
         ],
     ];
+    let apache_event_mpm = |r: &Value| {
+        let service = &r["app"]["services"][0];
+        assert_eq!(service["name"], "apache", "{service}");
+        assert!(
+            service["program"]
+                .as_str()
+                .is_some_and(|p| p.ends_with("apache2")),
+            "{service}"
+        );
+        assert!(
+            service["config"]
+                .as_str()
+                .is_some_and(|c| c.contains("mod_mpm_event.so")),
+            "{service}"
+        );
+    };
     for flags in runs {
-        for r in web_across_hosts(&tb, dir.path(), flags) {
-            let service = &r["app"]["services"][0];
-            assert_eq!(service["name"], "apache", "{service}");
-            assert!(
-                service["program"]
-                    .as_str()
-                    .is_some_and(|p| p.ends_with("apache2")),
-                "{service}"
-            );
-            assert!(
-                service["config"]
-                    .as_str()
-                    .is_some_and(|c| c.contains("mod_mpm_event.so")),
-                "{service}"
-            );
-        }
+        web_across_hosts(&tb, dir.path(), flags)
+            .iter()
+            .for_each(apache_event_mpm);
     }
+    // The same server and load generator on direct connections, asked
+    // for on the command line.
+    web_across_hosts_by(
+        &tb,
+        Way::Direct,
+        dir.path(),
+        &["--server", "apache", "--clients", "4", "-s", "1k,64k"],
+    )
+    .iter()
+    .for_each(apache_event_mpm);
     tb.down();
     tb.assert_gone();
 }

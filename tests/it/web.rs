@@ -517,8 +517,8 @@ fn the_servers_own_cpu_is_counted_and_apache_serves_more_clients_than_its_defaul
 
 /// A server killed in the middle of the window: the requests that fail
 /// after it mark the point (its `errors`, a warning with the last error,
-/// the table's note), and `checked` still counts the window's
-/// transactions only.
+/// the table's note, and one with what the server's logs said, its end
+/// among it), and `checked` still counts the window's transactions only.
 #[test]
 fn a_point_whose_server_dies_mid_window_is_marked() {
     let test = "a_point_whose_server_dies_mid_window_is_marked";
@@ -585,9 +585,19 @@ fn a_point_whose_server_dies_mid_window_is_marked() {
             .any(|w| w.starts_with("failed transactions: ") && w.contains("; last error: ")),
         "{warnings:?}"
     );
+    // What explains the failures comes back with them: the server's end,
+    // from its agent, in the record and the run's output alike.
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.starts_with("what the logs said: the server on ")
+                && w.contains("nginx: exited before the run's end")),
+        "{warnings:?}"
+    );
     let all = format!("{stdout}{stderr}");
     assert!(all.contains("errors="), "the table's note: {all}");
     assert!(all.contains("failed transactions: "), "the warning: {all}");
+    assert!(all.contains("what the logs said: "), "the evidence: {all}");
 }
 
 /// Whether the unprivileged user may make a user namespace here (where it

@@ -94,6 +94,13 @@ pub struct TransportOptions {
     /// out.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub buffer_offset_bytes: u32,
+    /// The programs a workload runs under netgap's preload library ask
+    /// for direct connections, each on an AF_XDP socket of its own
+    /// (`--preload-direct`; xdp only, and only for a workload that wraps
+    /// programs). Absent from older records and messages, and left out
+    /// when false, so relayed runs keep their earlier form.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub preload_direct: bool,
 }
 
 impl TransportOptions {
@@ -112,6 +119,10 @@ fn is_zero(v: &u32) -> bool {
     *v == 0
 }
 
+fn is_false(v: &bool) -> bool {
+    !*v
+}
+
 impl Default for TransportOptions {
     fn default() -> Self {
         TransportOptions {
@@ -126,6 +137,7 @@ impl Default for TransportOptions {
             sqpoll: false,
             buffer_align_bytes: None,
             buffer_offset_bytes: 0,
+            preload_direct: false,
         }
     }
 }

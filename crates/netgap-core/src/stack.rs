@@ -192,6 +192,7 @@ pub(crate) fn option_entries(o: &TransportOptions) -> Vec<String> {
     flag("quickack", o.quickack, d.quickack);
     flag("cork", o.cork, d.cork);
     flag("sqpoll", o.sqpoll, d.sqpoll);
+    flag("preload_direct", o.preload_direct, d.preload_direct);
     if let Some(b) = o.sndbuf_bytes {
         v.push(format!("sndbuf_bytes={b}"));
     }
@@ -537,6 +538,36 @@ mod tests {
         assert!(
             json.get("buffer_align_bytes").is_none() && json.get("buffer_offset_bytes").is_none()
         );
+    }
+
+    #[test]
+    fn direct_connections_of_wrapped_programs_are_a_stack_of_their_own() {
+        let relayed = Stack::new(
+            "xdp",
+            Mode::Event,
+            &TransportOptions::default(),
+            path(1500, "on"),
+            None,
+        );
+        let o = TransportOptions {
+            preload_direct: true,
+            ..TransportOptions::default()
+        };
+        let direct = Stack::new("xdp", Mode::Event, &o, path(1500, "on"), None);
+        assert_eq!(direct.options, ["preload_direct"]);
+        assert_ne!(relayed, direct);
+        assert_eq!(
+            Stack::distinguishing_labels(&[&relayed, &direct]),
+            ["xdp", "xdp, preload_direct"]
+        );
+        // Relayed runs keep the form older records have; a direct one says
+        // so, and reads back.
+        let json = serde_json::to_value(TransportOptions::default()).unwrap();
+        assert!(json.get("preload_direct").is_none());
+        let json = serde_json::to_value(&o).unwrap();
+        assert_eq!(json["preload_direct"], true);
+        let back: TransportOptions = serde_json::from_value(json).unwrap();
+        assert_eq!(back, o);
     }
 
     #[test]

@@ -93,25 +93,15 @@ pub(crate) fn register_bell(epfd: c_int, op: c_int, fd: c_int, events: u32, data
 }
 
 /// An accepted connection whose direct request's grant is awaited
-/// (`Pend::Granting`): the request's socket `relay` joins `fd` in each
-/// epoll it is registered in, with the program's data and read interest,
-/// so the grant or the refusal wakes a wait there.
+/// (`Pend::Granting`): the request's socket `relay` joins (`op`
+/// `EPOLL_CTL_ADD`) `fd` in each epoll it is registered in, with the
+/// program's data and read interest, so the grant or the refusal wakes a
+/// wait there; once they came, it leaves them (`EPOLL_CTL_DEL`).
 #[cfg(feature = "xdp")]
-pub(crate) fn granting_joins_epolls(fd: c_int, relay: c_int) {
+pub(crate) fn granting_in_epolls(fd: c_int, relay: c_int, op: c_int) {
     let e = errno();
     for (epfd, i) in table::epoll_regs_without_bell(fd) {
-        granting_in_epoll(epfd, libc::EPOLL_CTL_ADD, relay, i.events, i.data);
-    }
-    set_errno(e);
-}
-
-/// The grant or the refusal came: the request's socket `relay` leaves the
-/// epolls `fd` is registered in.
-#[cfg(feature = "xdp")]
-pub(crate) fn granting_leaves_epolls(fd: c_int, relay: c_int) {
-    let e = errno();
-    for (epfd, i) in table::epoll_regs_without_bell(fd) {
-        granting_in_epoll(epfd, libc::EPOLL_CTL_DEL, relay, i.events, i.data);
+        granting_in_epoll(epfd, op, relay, i.events, i.data);
     }
     set_errno(e);
 }

@@ -44,6 +44,9 @@ pub(crate) struct Conn {
     /// the kernel socket, so a writer that waited for the lock meanwhile
     /// sends there too ([`Sent::Kernel`]), after them.
     given_back: AtomicBool,
+    /// The program closed its last descriptor while the connection was
+    /// offered: a library thread ends it (`setup::close_offered`).
+    orphaned: AtomicBool,
     /// While offered: where the exchange stands. The lock serialises the
     /// reading of the answers.
     offer: Mutex<Option<Offer>>,
@@ -181,6 +184,7 @@ impl Conn {
             doorbells_sent: AtomicU64::new(0),
             offered: AtomicBool::new(false),
             given_back: AtomicBool::new(false),
+            orphaned: AtomicBool::new(false),
             offer: Mutex::new(None),
             wr_shut: AtomicBool::new(false),
             rd_shut: AtomicBool::new(false),
@@ -790,6 +794,12 @@ impl Conn {
     /// hangs up at the last close in any process: nothing is marked. The
     /// peer's blocking sleepers are woken to look at the kernel socket.
     pub(crate) fn last_close(&self, fd: c_int) {
+        // Gone direct: the ring is no longer the connection's, and the
+        // direct connection's close is its own (`Direct`'s drop).
+        #[cfg(feature = "xdp")]
+        if self.went_direct().is_some() {
+            return;
+        }
         let shared = self.shared.load(Ordering::Relaxed);
         if lingers_zero(fd) {
             // The program asked for a reset: its peer reads one.
@@ -852,6 +862,17 @@ impl Conn {
     /// with the relay), so a reader of the log never counts it as a
     /// same-host shm connection.
     pub(crate) fn log_close(&self, fd: c_int) {
+        // A close that raced the offer's move to a direct connection (the
+        // offer over, the descriptor not yet the direct one's): the
+        // connection is the direct one, whose bytes go there.
+        #[cfg(feature = "xdp")]
+        if let Some(d) = self.went_direct() {
+            log_line!(
+                "fd {fd}: connection closed as it moved to direct on queue {}: its bytes and its close go there",
+                d.queue()
+            );
+            return;
+        }
         let (tcp_out, tcp_in) = tcp_bytes(fd);
         let role = match self.role {
             Role::Connector => "connector",
@@ -882,7 +903,7 @@ fn hung_up(fd: c_int) -> bool {
 
 /// Whether the program set a zero linger on the socket `fd` (its close
 /// then resets the connection).
-fn lingers_zero(fd: c_int) -> bool {
+pub(crate) fn lingers_zero(fd: c_int) -> bool {
     let mut l = libc::linger {
         l_onoff: 0,
         l_linger: 0,

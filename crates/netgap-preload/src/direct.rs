@@ -49,9 +49,18 @@
 //!   elsewhere still acknowledges its peer and sends lost frames again,
 //!   and it finishes a close in the background: the program's `close`
 //!   returns at once.
+//! - A close ends the connection as the kernel's does: in order when
+//!   nothing is left unread, with a reset (`ECONNRESET` at the peer) when
+//!   bytes are unread (the transport's or the library's read-ahead), when
+//!   bytes arrive after it, when the socket's `SO_LINGER` is 0, or when
+//!   it cannot finish within its linger (the opening never answered: the
+//!   program closed before both ends finished connecting). A reset from
+//!   the peer is `ECONNRESET` once, then an end of stream to reads and
+//!   `EPIPE` to writes.
 
 use crate::errno::Errno;
 use crate::log::log_line;
+use crate::pid::pid;
 use crate::progress::Link;
 use crate::real;
 use libc::{c_int, iovec};
@@ -79,36 +88,6 @@ const AHEAD_BYTES: usize = 64 << 10;
 /// arms one whenever it waits on the peer, so this only bounds a wait on
 /// the program's own reader.
 const IDLE_SLEEP: Duration = Duration::from_millis(200);
-
-/// This process's id, kept: every call on a direct connection asks
-/// whether this process drives it, and `getpid` is a system call (glibc
-/// keeps no copy), several per round trip. 0 until first asked; a child
-/// after `fork` sets its own in the fork handler [`pid`] registers (the
-/// library's connections already count on `fork`'s handlers running, see
-/// `before_fork`).
-static PID: AtomicU32 = AtomicU32::new(0);
-
-/// This process's id ([`PID`]).
-fn pid() -> u32 {
-    let p = PID.load(Ordering::Relaxed);
-    if p != 0 {
-        return p;
-    }
-    static FORK_HANDLER: std::sync::Once = std::sync::Once::new();
-    FORK_HANDLER.call_once(|| {
-        // SAFETY: registers a plain extern "C" function that only stores
-        // the child's id.
-        unsafe { libc::pthread_atfork(None, None, Some(forked)) };
-    });
-    let p = std::process::id();
-    PID.store(p, Ordering::Relaxed);
-    p
-}
-
-/// In a child after `fork`: its own id, before any of its calls.
-extern "C" fn forked() {
-    PID.store(std::process::id(), Ordering::Relaxed);
-}
 
 /// Why a connection did not get a direct path (it goes on the relay's).
 #[derive(Debug, Error)]
@@ -251,7 +230,7 @@ pub(crate) fn try_granted(asked: Asked) -> Result<Heard, SetupError> {
 /// connection on the port.
 fn open_granted(asked: Asked) -> Result<Direct, SetupError> {
     let mut head = [0u8; DIRECT_GRANT_BYTES];
-    let port = handover::receive_after(asked.sock.as_fd(), &mut head).map_err(SetupError::Port)?;
+    let port = take_port(&asked, &mut head)?;
     let grant = DirectGrant::decode(&head).map_err(SetupError::Grant)?;
     let setup = DirectSetup {
         queue: u32::from(grant.queue),
@@ -276,7 +255,20 @@ fn open_granted(asked: Asked) -> Result<Direct, SetupError> {
         rd_shut: AtomicBool::new(false),
         foreign_told: AtomicBool::new(false),
         last_seen: AtomicU32::new(0),
+        reset_on_close: AtomicBool::new(false),
     })
+}
+
+/// Takes the port handed with the grant on `asked`'s socket, the grant's
+/// bytes into `head`. Its AF_XDP socket, which the connection keeps, is
+/// the library's own: it moves above the program's numbers
+/// ([`crate::unix::lift`]), close-on-exec as received, so a program that
+/// sizes a table by the kernel's numbering does not see it. The UMEM's
+/// memfd stays where it came: the connection closes it once mapped.
+fn take_port(asked: &Asked, head: &mut [u8]) -> Result<handover::HandedPort, SetupError> {
+    let mut port = handover::receive_after(asked.sock.as_fd(), head).map_err(SetupError::Port)?;
+    port.socket = crate::unix::lift(port.socket);
+    Ok(port)
 }
 
 /// The marker that tells an image after `exec` which inherited socket was
@@ -417,6 +409,8 @@ pub(crate) struct Direct {
     /// The poll events an epoll wait last saw (an edge-triggered
     /// registration is reported when an event is new).
     last_seen: AtomicU32,
+    /// The close resets the connection ([`Direct::reset_on_close`]).
+    reset_on_close: AtomicBool,
 }
 
 impl Direct {
@@ -454,9 +448,13 @@ impl Direct {
         match e {
             DirectError::WouldBlock => Err(libc::EAGAIN),
             DirectError::Closed => Err(libc::EPIPE),
-            DirectError::Timeout { .. } => {
+            DirectError::Timeout { .. } | DirectError::Reset => {
                 if !self.failed_told.swap(true, Ordering::Relaxed) {
-                    Err(libc::ETIMEDOUT)
+                    Err(if matches!(e, DirectError::Reset) {
+                        libc::ECONNRESET
+                    } else {
+                        libc::ETIMEDOUT
+                    })
                 } else if reading {
                     Ok(0)
                 } else {
@@ -642,15 +640,22 @@ impl Direct {
     }
 
     /// Sends `bytes` whole, waiting as long as it takes whatever the
-    /// descriptor's mode: the bytes the program wrote before the
-    /// connection went direct, which it counts as sent.
-    pub(crate) fn send_first(&self, bytes: &[u8]) -> Result<(), Errno> {
+    /// descriptor's mode (until `by`, if given: then the connection is
+    /// reset and the bytes dropped, `ETIMEDOUT`): the bytes the program
+    /// wrote before the connection went direct, which it counts as sent.
+    pub(crate) fn send_first(&self, bytes: &[u8], by: Option<Instant>) -> Result<(), Errno> {
         self.link.called();
+        let mut deadline = Deadline::until(by);
         let mut at = 0usize;
         while at < bytes.len() {
             match self.link.conn.try_send(&bytes[at..]) {
                 Ok(n) => at += n,
-                Err(DirectError::WouldBlock) => self.wait(false, &mut Deadline::never())?,
+                Err(DirectError::WouldBlock) => {
+                    if self.wait(false, &mut deadline).is_err() {
+                        self.link.conn.reset();
+                        return Err(libc::ETIMEDOUT);
+                    }
+                }
                 Err(e) => return self.errno_of(&e, false).map(|_| ()),
             }
         }
@@ -776,10 +781,22 @@ impl Direct {
     /// The connection's pending error for `SO_ERROR` (0: none), taken.
     pub(crate) fn take_error(&self) -> c_int {
         self.link.called();
-        if self.link.conn.pump().is_err() && !self.failed_told.swap(true, Ordering::Relaxed) {
-            return libc::ETIMEDOUT;
+        match self.link.conn.pump() {
+            Err(e) if !self.failed_told.swap(true, Ordering::Relaxed) => {
+                if matches!(e, DirectError::Reset) {
+                    libc::ECONNRESET
+                } else {
+                    libc::ETIMEDOUT
+                }
+            }
+            _ => 0,
         }
-        0
+    }
+
+    /// The program's close is to reset the connection whatever is left
+    /// unread (its socket's `SO_LINGER` is 0), as the kernel's does.
+    pub(crate) fn reset_on_close(&self) {
+        self.reset_on_close.store(true, Ordering::Relaxed);
     }
 
     /// The log line of the last close. In a process that does not drive
@@ -795,13 +812,15 @@ impl Direct {
         }
         let s = self.link.conn.stats();
         log_line!(
-            "fd {fd}: direct connection on queue {} closed: {} bytes sent, {} received, {} frames sent, {} received, {} sent again",
+            "fd {fd}: direct connection on queue {} closed: {} bytes sent, {} received, {} frames sent, {} received, {} sent again ({} after a timeout), {} dropped by the kernel",
             self.queue,
             s.bytes_sent,
             s.bytes_received,
             s.frames_sent,
             s.frames_received,
-            s.retransmissions
+            s.retransmissions,
+            s.timeouts,
+            s.kernel_drops
         );
     }
 }
@@ -818,12 +837,12 @@ struct Deadline {
 }
 
 impl Deadline {
-    /// A call that waits as long as it takes.
-    fn never() -> Deadline {
+    /// A call that waits until `by`, or as long as it takes (`None`).
+    fn until(by: Option<Instant>) -> Deadline {
         Deadline {
             fd: -1,
             opt: 0,
-            at: Some(None),
+            at: Some(by),
         }
     }
 
@@ -843,11 +862,17 @@ impl Deadline {
 
 impl Drop for Direct {
     /// The program's last descriptor of the connection closed: in the
-    /// process that drives it, its close goes on in the progress thread;
-    /// in any other, nothing is sent.
+    /// process that drives it, its close goes on in the progress thread,
+    /// a reset if bytes the library read ahead were never read by the
+    /// program (or it asked for one); in any other, nothing is sent.
     fn drop(&mut self) {
         if pid() == self.opener {
-            crate::progress::close(self.link.clone());
+            let unread = !self
+                .ahead
+                .get_mut()
+                .map_or_else(|p| p.into_inner().is_empty(), |a| a.is_empty());
+            let reset = unread || self.reset_on_close.load(Ordering::Relaxed);
+            crate::progress::close(self.link.clone(), reset);
         }
     }
 }
@@ -955,6 +980,47 @@ mod tests {
         };
         reply(&relay, &RelayReply::Refused("no queue".into()));
         assert!(matches!(try_granted(asked), Err(SetupError::Refused(w)) if w == "no queue"));
+    }
+
+    #[test]
+    fn a_handed_ports_socket_moves_above_the_programs_numbers_close_on_exec() {
+        use netgap_transport::xdp::handover::{Geometry, HandedPort};
+        let memfd = || {
+            // SAFETY: a plain memfd_create with a valid name.
+            let fd = unsafe { libc::memfd_create(c"netgap-test".as_ptr(), 0) };
+            assert!(fd >= 0);
+            // SAFETY: a new descriptor nothing else owns.
+            unsafe { OwnedFd::from_raw_fd(fd) }
+        };
+        let (asked, relay) = asked_of_a_fake_relay();
+        // Memfds stand in for the socket and the UMEM: the handover moves
+        // any two descriptors.
+        let port = HandedPort {
+            socket: memfd(),
+            umem: memfd(),
+            geometry: Geometry {
+                frames: 256,
+                frame_bytes: 4096,
+                ring_entries: 128,
+                queue: 1,
+                ifindex: 2,
+            },
+        };
+        let grant = [7u8; DIRECT_GRANT_BYTES];
+        handover::send_after(relay.as_fd(), &grant, port).unwrap();
+        let mut head = [0u8; DIRECT_GRANT_BYTES];
+        let port = take_port(&asked, &mut head).unwrap();
+        assert_eq!(head, grant);
+        let socket = port.socket.as_raw_fd();
+        assert!(socket >= crate::unix::lift_floor(), "{socket}");
+        // SAFETY: a plain fcntl on an open descriptor.
+        let flags = unsafe { libc::fcntl(socket, libc::F_GETFD) };
+        assert_ne!(flags & libc::FD_CLOEXEC, 0);
+        // The program's next descriptor takes a low number, as the kernel
+        // numbers them, below the connection's socket.
+        drop(port.umem);
+        let next = memfd();
+        assert!(next.as_raw_fd() < socket, "{} {socket}", next.as_raw_fd());
     }
 
     #[test]

@@ -365,6 +365,8 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
         return r;
     }
     #[cfg(feature = "xdp")]
+    settle_granting(fd);
+    #[cfg(feature = "xdp")]
     if let Some(Entry::Direct(_)) = table::get(fd) {
         close_direct(fd);
         // SAFETY: the program's own argument, passed on.
@@ -391,6 +393,41 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     r
 }
 
+/// The program closes an accepted connection whose direct grant is
+/// awaited (`Pend::Granting`): an answer already in is taken first, so
+/// that the close ends the connection on the path it took (a granted one
+/// with its closing frame, a refused one as a relayed one), and the peer,
+/// which may already be on its direct connection, sees the end at once as
+/// the kernel's close would show it, not after its silence limit. With no
+/// answer yet the request goes with the connection (its relay refuses it
+/// and the connector falls back), with one line. Not when the connection
+/// may live on in another descriptor or process (a dup, or a child forked
+/// since): closing one descriptor does not end the connection.
+#[cfg(feature = "xdp")]
+fn settle_granting(fd: c_int) {
+    let Some(Entry::Pending(p)) = table::get(fd) else {
+        return;
+    };
+    // Settled only by the process that asked, before any fork: a child
+    // may hold the connection too, and close its own descriptor later.
+    let alone = p
+        .granting
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .is_some_and(|g| g.forks == crate::pid::forks());
+    if !alone || table::pending_shared_elsewhere(fd, &p) {
+        return;
+    }
+    let e = errno();
+    if matches!(setup::resolve(fd, &p, false, true), Resolved::NotYet) {
+        crate::log::log_line!(
+            "fd {fd}: accepted connection closed while its direct grant was awaited: its relay refuses it"
+        );
+    }
+    set_errno(e);
+}
+
 /// The program closes a descriptor of a direct connection: the last one
 /// in this process ends it (its closing frame now, and the progress
 /// thread's linger for its acknowledgment, at most `CLOSE_LINGER`, after
@@ -409,6 +446,9 @@ fn close_direct(fd: c_int) {
         if table::direct_shared_elsewhere(&d) {
             d.sync_cloexec(&table::direct_descriptors(&d));
         } else {
+            if crate::conn::lingers_zero(fd) {
+                d.reset_on_close();
+            }
             d.log_close(fd);
         }
         drop(d);

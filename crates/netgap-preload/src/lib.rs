@@ -44,6 +44,8 @@ pub mod interpose;
 mod log;
 mod pending;
 #[cfg(feature = "xdp")]
+mod pid;
+#[cfg(feature = "xdp")]
 mod progress;
 mod real;
 mod region;

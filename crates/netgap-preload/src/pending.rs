@@ -31,6 +31,21 @@ pub(crate) enum Pend {
     Granting,
 }
 
+/// The kernel's share of an epoll registration `events` of an accepted
+/// connection whose grant is awaited (`Pend::Granting`): all but
+/// writability. The kernel calls the socket writable at once, but no
+/// write proceeds before the grant or the refusal (a non-blocking one says
+/// `EAGAIN`), so a program waiting to write would be woken for nothing,
+/// at once and again (level-triggered) or once and never after
+/// (edge-triggered). The request's socket beside the connection wakes the
+/// wait when the answer comes, and the program's whole interest goes back
+/// to the kernel then (`setup::grant`), which reports writability as it
+/// is.
+#[cfg(feature = "xdp")]
+pub(crate) fn held_events(events: u32) -> u32 {
+    events & !((libc::EPOLLOUT | libc::EPOLLWRNORM | libc::EPOLLWRBAND) as u32)
+}
+
 /// An accepted connection's direct request while its grant is awaited.
 #[cfg(feature = "xdp")]
 pub(crate) struct Granting {
@@ -40,6 +55,9 @@ pub(crate) struct Granting {
     /// its ring and its socket to the relay.
     pub(crate) ch: crate::channel::Channel,
     pub(crate) bell: std::os::fd::OwnedFd,
+    /// This process's forks when the request was made (`pid::forks`):
+    /// after another, a child may hold the connection too.
+    pub(crate) forks: u32,
 }
 
 /// An accepted connection not yet resolved.

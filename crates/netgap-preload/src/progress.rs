@@ -28,19 +28,28 @@
 //! poll, an epoll) sleeps on it.
 //!
 //! A close returns at once, as the kernel's does: the closing frame goes
-//! in the program's call, and the thread lingers for its acknowledgment
-//! (and that of everything sent before it) and for the peer's own closing
-//! frame, which it acknowledges, for at most the transport's
-//! `CLOSE_LINGER`, then drops the connection, which lets its relay socket
-//! go and the relay free its queue. A process that exits while closes
+//! in the program's call (a reset instead when bytes are left unread),
+//! and the thread lingers for its acknowledgment (and that of everything
+//! sent before it, and the opening's answer first if the program closed
+//! before it came) and for the peer's own closing frame, which it
+//! acknowledges, for at most the transport's `CLOSE_LINGER` (its
+//! `OPENING_LINGER` for a close before the opening was answered), then drops
+//! the connection, which lets its relay socket go and the relay free its
+//! queue. A close still unfinished then (the opening never answered, what
+//! it sent unacknowledged) ends with a reset, so the peer learns at once
+//! and frees its own queue, instead of waiting out its silence limit; a
+//! reset from the peer, or bytes arriving after the close (a reset from
+//! this end), end the linger at once. A process that exits while closes
 //! linger waits for them (at most twice `CLOSE_LINGER`) in an `atexit`
 //! handler, so a program that writes, closes and exits still delivers its
-//! last bytes.
+//! last bytes; closes still lingering then are given up with a reset (for
+//! at most [`EXIT_GIVE_UP`] more), so their peers learn at once.
 
 use crate::log::log_line;
+use crate::pid::pid;
 use crate::real;
 use libc::{c_int, epoll_event};
-use netgap_transport::xdp::direct::{DirectConn, CLOSE_LINGER};
+use netgap_transport::xdp::direct::{DirectConn, CLOSE_LINGER, OPENING_LINGER};
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -58,6 +67,9 @@ const QUIET: Duration = Duration::from_millis(2);
 const WAITED_RECHECK: Duration = Duration::from_millis(50);
 /// The epoll data of the thread's own eventfd (connections count from 1).
 const KICK_DATA: u64 = 0;
+/// How long the process's exit waits, past its wait for the closes, for
+/// the thread to give the closes still lingering up (a reset each).
+const EXIT_GIVE_UP: Duration = Duration::from_millis(20);
 
 /// The part of a direct connection the progress thread drives too.
 pub(crate) struct Link {
@@ -201,6 +213,8 @@ struct Progress {
     handed: Mutex<Vec<Handed>>,
     /// Closes handed over and not finished yet.
     lingering: AtomicUsize,
+    /// The process exits: the thread gives every lingering close up.
+    exiting: AtomicBool,
 }
 
 /// This process's thread. A child after `fork` finds its parent's here
@@ -215,7 +229,7 @@ static AT_EXIT: AtomicBool = AtomicBool::new(false);
 
 /// This process's thread, started if it has none (yet).
 fn progress() -> Option<&'static Progress> {
-    let pid = std::process::id();
+    let pid = pid();
     let old = PROGRESS.load(Ordering::Acquire);
     // SAFETY: a non-null pointer is a leaked `Progress`, never freed.
     if let Some(p) = unsafe { old.as_ref() } {
@@ -279,6 +293,7 @@ fn made(pid: u32) -> std::io::Result<(Progress, OwnedFd)> {
         kick,
         handed: Mutex::new(Vec::new()),
         lingering: AtomicUsize::new(0),
+        exiting: AtomicBool::new(false),
     };
     Ok((p, ep))
 }
@@ -291,10 +306,15 @@ pub(crate) fn watch(link: &Arc<Link>) {
 }
 
 /// The program closed `link`'s last descriptor in the process that opened
-/// it: the closing frame goes now, and the thread lingers for its
-/// acknowledgment. Without a thread the close lingers here.
-pub(crate) fn close(link: Arc<Link>) {
-    let _ = link.conn.start_close();
+/// it: the closing frame goes now (a reset if `reset`: bytes were left
+/// unread), and the thread lingers for its acknowledgment. Without a
+/// thread the close lingers here.
+pub(crate) fn close(link: Arc<Link>, reset: bool) {
+    if reset {
+        link.conn.reset();
+    } else {
+        let _ = link.conn.start_close();
+    }
     match progress() {
         Some(p) => {
             p.lingering.fetch_add(1, Ordering::Relaxed);
@@ -310,6 +330,11 @@ impl Progress {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(h);
+        self.kick();
+    }
+
+    /// Wakes the thread.
+    fn kick(&self) {
         let one = 1u64;
         // SAFETY: `one` is valid for reads of its 8 bytes.
         unsafe { real::write()(self.kick.as_raw_fd(), std::ptr::from_ref(&one).cast(), 8) };
@@ -325,12 +350,37 @@ extern "C" fn finish_closes() {
     let Some(p) = (unsafe { p.as_ref() }) else {
         return;
     };
-    if p.pid != std::process::id() {
+    if p.pid != pid() {
         return;
     }
     let t0 = Instant::now();
     while p.lingering.load(Ordering::Relaxed) > 0 && t0.elapsed() < CLOSE_LINGER * 2 {
         std::thread::sleep(Duration::from_millis(1));
+    }
+    if p.lingering.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    // Closes still lingering (the thread was starved, or a close waits
+    // for an opening): given up with a reset each, so their peers learn
+    // now rather than after their silence limit. A moment for it, no
+    // more.
+    p.exiting.store(true, Ordering::Release);
+    p.kick();
+    let t1 = Instant::now();
+    while p.lingering.load(Ordering::Relaxed) > 0 && t1.elapsed() < EXIT_GIVE_UP {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// How long the close of `conn` may linger: a close before the opening
+/// was answered waits for it longer (the peer's end may open late), so
+/// that it ends in order or with a reset the peer takes, not in a silence
+/// the peer waits out.
+fn linger_of(conn: &DirectConn) -> Duration {
+    if conn.is_open() {
+        CLOSE_LINGER
+    } else {
+        OPENING_LINGER
     }
 }
 
@@ -470,11 +520,12 @@ impl Thread {
                         self.arm(id, &link, true);
                         armed = true;
                     }
+                    let deadline = Instant::now() + linger_of(&link.conn);
                     self.closing.insert(
                         id,
                         Closing {
                             link,
-                            deadline: Instant::now() + CLOSE_LINGER,
+                            deadline,
                             armed,
                         },
                     );
@@ -522,10 +573,11 @@ impl Thread {
             self.arm(id, &link, !added);
         }
         let now = Instant::now();
+        let exiting = self.p.exiting.load(Ordering::Acquire);
         let mut done = Vec::new();
         let mut arm = Vec::new();
         for (&id, c) in &mut self.closing {
-            if c.settled() || now >= c.deadline {
+            if exiting || c.settled() || now >= c.deadline {
                 done.push(id);
                 continue;
             }
@@ -547,6 +599,9 @@ impl Thread {
         for id in done {
             if let Some(c) = self.closing.remove(&id) {
                 self.disarm(&c.link);
+                // A close that did not finish in its time tells the peer
+                // with a reset, rather than leave it to its silence limit.
+                c.link.conn.give_up_close();
                 c.link.conn.end_linger();
                 drop(c.link);
                 self.p.lingering.fetch_sub(1, Ordering::Relaxed);

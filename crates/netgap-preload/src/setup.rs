@@ -939,7 +939,14 @@ fn take_relay_hello(fd: c_int, hello: &Hello) -> Done {
                 // SAFETY: the relayed listen's socket to the relay, ours,
                 // owned from here.
                 let bell = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(bell) };
-                return Done::Granting(Granting { asked, ch, bell });
+                crate::pid::pid();
+                let forks = crate::pid::forks();
+                return Done::Granting(Granting {
+                    asked,
+                    ch,
+                    bell,
+                    forks,
+                });
             }
             Done::Shm(Arc::new(
                 Conn::new(fd, ch, Role::Listener, false, -1).with_bell(bell),

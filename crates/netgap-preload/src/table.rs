@@ -149,6 +149,16 @@ pub(crate) fn direct_shared_elsewhere(d: &Arc<crate::direct::Direct>) -> bool {
         .any(|s| matches!(s, Some(Entry::Direct(e)) if Arc::ptr_eq(d, e)))
 }
 
+/// Whether a descriptor other than `fd` holds the pending connection `p`
+/// in this process (a dup of it).
+#[cfg(feature = "xdp")]
+pub(crate) fn pending_shared_elsewhere(fd: c_int, p: &Arc<Pending>) -> bool {
+    let t = TABLE.read().unwrap_or_else(|p| p.into_inner());
+    t.iter()
+        .enumerate()
+        .any(|(i, s)| i != fd as usize && matches!(s, Some(Entry::Pending(q)) if Arc::ptr_eq(p, q)))
+}
+
 /// The descriptors that are listeners.
 pub(crate) fn listeners() -> Vec<c_int> {
     if ENTRIES.load(Ordering::Relaxed) == 0 {

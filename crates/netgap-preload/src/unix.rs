@@ -27,7 +27,7 @@ const SO_PASSRIGHTS: c_int = 83;
 /// sized for. Below 1024 all the same, where `select` reaches: a relayed
 /// connection's socket to its relay is watched in the program's `select`
 /// beside the connection.
-fn lift_floor() -> c_int {
+pub(crate) fn lift_floor() -> c_int {
     static FLOOR: std::sync::OnceLock<c_int> = std::sync::OnceLock::new();
     *FLOOR.get_or_init(|| {
         // SAFETY: all-zero bytes are a valid rlimit, filled by the call.

@@ -335,6 +335,16 @@ mod tests {
                 spec: crate::workload::sample_spec(crate::workload::WorkloadRole::Client),
                 data_token: test_token(),
             },
+            Request::WorkloadPrepare {
+                // A workload's programs asking for direct connections.
+                spec: {
+                    let mut s = crate::workload::sample_spec(crate::workload::WorkloadRole::Server);
+                    s.point.transport = "xdp".into();
+                    s.point.options.preload_direct = true;
+                    s
+                },
+                data_token: test_token(),
+            },
             Request::WorkloadGo,
             Request::ClientOpen {
                 spec: spec(),
@@ -437,6 +447,7 @@ mod tests {
                     services: Vec::new(),
                     last_error: None,
                     data_window_ns: None,
+                    evidence: Vec::new(),
                 },
             },
             Reply::ClientConnected {

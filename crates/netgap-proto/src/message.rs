@@ -21,8 +21,10 @@ use serde::{Deserialize, Serialize};
 /// Version 5: a role's CPU reading carries the host's softirq share
 /// (`softirq_percent`). Version 6: an agent may play a point's client role
 /// (`client_open`, `client_run`), so a point-to-point point runs between
-/// two agents while the coordinator only coordinates.
-pub const PROTOCOL_VERSION: u32 = 6;
+/// two agents while the coordinator only coordinates. Version 7: a point's
+/// transport options may ask the programs a workload runs under the
+/// preload library for direct connections (`preload_direct`).
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// Which part of a point a repetition belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -286,6 +286,15 @@ pub struct WorkloadOutcome {
     /// and the repetition is no clean point. Absent for other roles.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_window_ns: Option<u64>,
+    /// What the logs of the programs this role ran say at the end of the
+    /// repetition (a server's error log, the preload library's lines other
+    /// than its routine moves and closes), each line opening with its
+    /// log's name, at most [`MAX_OUTCOME_EVIDENCE_LINES`] of at most
+    /// [`MAX_OUTCOME_EVIDENCE_LINE_BYTES`]: the coordinator shows them
+    /// with a point whose transactions failed, and drops them otherwise.
+    /// Empty for roles that run no program.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub evidence: Vec<String>,
 }
 
 /// How far, as a share of the asked window, the data path's own span may
@@ -294,6 +303,10 @@ pub const WINDOW_TOLERANCE: f64 = 0.05;
 
 /// Longest last error one role's outcome may carry, bytes.
 pub const MAX_OUTCOME_ERROR_BYTES: usize = 512;
+/// Most lines of evidence one role's outcome may carry.
+pub const MAX_OUTCOME_EVIDENCE_LINES: usize = 12;
+/// Longest line of evidence one role's outcome may carry, bytes.
+pub const MAX_OUTCOME_EVIDENCE_LINE_BYTES: usize = 240;
 /// Most processes one role's outcome may say it ran in.
 pub const MAX_OUTCOME_PROCESSES: u32 = 1024;
 /// Most services one role's outcome may name.
@@ -356,6 +369,19 @@ impl WorkloadOutcome {
             return Err(range(
                 "last_error",
                 format!("longer than {MAX_OUTCOME_ERROR_BYTES} bytes"),
+            ));
+        }
+        if self.evidence.len() > MAX_OUTCOME_EVIDENCE_LINES
+            || self
+                .evidence
+                .iter()
+                .any(|l| l.len() > MAX_OUTCOME_EVIDENCE_LINE_BYTES)
+        {
+            return Err(range(
+                "evidence",
+                format!(
+                    "more than {MAX_OUTCOME_EVIDENCE_LINES} lines or a line past {MAX_OUTCOME_EVIDENCE_LINE_BYTES} bytes"
+                ),
             ));
         }
         if self.data_window_ns.is_some_and(|d| d > self.window_ns) {
@@ -519,6 +545,7 @@ mod tests {
             services: Vec::new(),
             last_error: None,
             data_window_ns: None,
+            evidence: Vec::new(),
         };
         assert!(outcome.validate().is_ok());
         outcome.datagrams = Some(DatagramStats {
@@ -544,6 +571,7 @@ mod tests {
             services: Vec::new(),
             last_error: None,
             data_window_ns: None,
+            evidence: Vec::new(),
         };
         assert!(outcome.validate().is_ok());
         outcome.metrics.insert("Bad Name".into(), 1.0);
@@ -559,6 +587,14 @@ mod tests {
         assert!(outcome.validate().is_ok());
         outcome.last_error = Some("e".repeat(MAX_OUTCOME_ERROR_BYTES + 1));
         assert_eq!(outcome.validate().unwrap_err().field, "last_error");
+        outcome.last_error = None;
+        outcome.evidence =
+            vec!["e".repeat(MAX_OUTCOME_EVIDENCE_LINE_BYTES); MAX_OUTCOME_EVIDENCE_LINES];
+        assert!(outcome.validate().is_ok());
+        outcome.evidence.push("e".into());
+        assert_eq!(outcome.validate().unwrap_err().field, "evidence");
+        outcome.evidence = vec!["e".repeat(MAX_OUTCOME_EVIDENCE_LINE_BYTES + 1)];
+        assert_eq!(outcome.validate().unwrap_err().field, "evidence");
     }
 
     #[test]
@@ -575,6 +611,7 @@ mod tests {
             services: Vec::new(),
             last_error: None,
             data_window_ns: None,
+            evidence: Vec::new(),
         };
         assert!(outcome.validate().is_ok());
         for bad in [0, MAX_OUTCOME_PROCESSES + 1] {

@@ -191,7 +191,10 @@ impl Link {
         self.conns_total.fetch_add(1, Ordering::Relaxed);
         drop(c);
         self.push(Kind::OpenOk, id, &[]);
-        if p.give.send((Arc::clone(&conn), Arc::clone(self))).is_err() {
+        if p.give
+            .send(Some((Arc::clone(&conn), Arc::clone(self))))
+            .is_err()
+        {
             self.unregister(id);
             conn.reset(true);
         }

@@ -195,6 +195,11 @@ pub(crate) fn serve(
         return;
     }
     drop(slot);
+    if matches!(req.role, DirectRole::Accept) {
+        // The relayed listen that waited beside it for the connector's
+        // fallback gives its place back now, not when its wait ends.
+        hub.went_direct(&req.key);
+    }
     asker.say(
         hub,
         &format!(
@@ -404,9 +409,13 @@ fn link_end(
     Ok(name)
 }
 
-/// The link to `t`'s host, opening it when there is none; a link up to
-/// an older end of that host that carries nothing is closed and opened
-/// anew.
+/// The link that ends at `t`, opening it when there is none, as a
+/// relayed connect's: another link to that host (one crossing it, both
+/// relays having opened one at once, or one the other relay lost) does
+/// not serve, and is closed only when it carries nothing and is settled.
+/// A crossing link stays: the other relay may owe a queue answer on it
+/// (two programs that connect to each other at once, as Open MPI's ranks
+/// do), which a close there would lose.
 fn link_to(
     hub: &Arc<Hub>,
     t: XdpAddr,
@@ -416,30 +425,12 @@ fn link_to(
 ) -> Result<Arc<Link>, OpenError> {
     let link_id = LinkId::connecting(&t, tcp_local, tcp_peer);
     let deadline = Instant::now() + crate::open::STATE_WAIT;
-    loop {
-        let link = match hub.enter(tcp_peer, Role::Connect, |_| true, deadline)? {
-            Some(l) => l,
-            None => match crate::open::open_connecting(hub, t, target, &link_id, tcp_peer, asker) {
-                Ok(l) => l,
-                Err(why) => {
-                    hub.forget(tcp_peer, Role::Connect);
-                    return Err(why);
-                }
-            },
-        };
-        if link.peer_ip == t.ip && link.flow_id == t.flow {
-            return Ok(link);
-        }
-        if !link.idle() {
-            return Err(OpenError::Stale {
-                target: target.to_string(),
-                link: link.peer_name.clone(),
-            });
-        }
-        link.shut("the other relay listens anew: the link is stale");
-        if Instant::now() >= deadline {
-            return Err(crate::hub::HubError::NotUp.into());
-        }
+    let fits = |l: &Link| l.peer_ip == t.ip && l.flow_id == t.flow;
+    hub.close_stale(tcp_peer, fits);
+    match hub.enter(tcp_peer, Role::Connect, fits, deadline)? {
+        Some(l) => Ok(l),
+        None => crate::open::open_connecting(hub, t, target, &link_id, tcp_peer, asker)
+            .inspect_err(|_| hub.forget(tcp_peer, Role::Connect)),
     }
 }
 
@@ -481,7 +472,11 @@ fn connect(
     let token = d.next_token.fetch_add(1, Ordering::Relaxed);
     let free_queues = d
         .queues()
-        .offer(token, asker.uid)
+        .offer(
+            token,
+            asker.uid,
+            !crate::table::LinkState::lower_here(&*link),
+        )
         .map_err(|e| refused(e.into()))?;
     let settle = |agreed: Option<u16>| d.queues().settle(token, agreed);
     let flow = match random_flow() {
@@ -539,18 +534,17 @@ fn connect(
 #[cfg(feature = "xdp")]
 mod port {
     use netgap_proto::direct::{DirectGrant, Mac};
+    use netgap_transport::xdp::direct::DirectConn;
     use netgap_transport::xdp::handover::{self, HandedPort};
     use netgap_transport::xdp::{ConnId, Registration, Shape, Steering};
     use std::io;
     use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 
-    /// A direct connection's port: the UMEM's frames and rings, as the
-    /// xdp transport's own port has them.
-    const SHAPE: Shape = Shape {
-        frames: 4096,
-        frame_bytes: 4096,
-        ring_entries: 2048,
-    };
+    /// A direct connection's port: one connection's shape, which the
+    /// transport's engine on it is built for (4 MiB of UMEM, not the 16
+    /// of a transport port's: the kernel pins every page of it at the
+    /// port's making, a cost each connection's setup pays).
+    const SHAPE: Shape = DirectConn::SHAPE;
 
     /// How long a queue a closed socket still holds is waited for.
     const BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);

@@ -180,6 +180,17 @@ impl Hub {
         Ok(())
     }
 
+    /// Ends the listen waiting with `key`, if no `OPEN` took it, without
+    /// touching its TCP connection: the connection went direct (the
+    /// accepting side's grant is handed over), so no `OPEN` will come,
+    /// and the listen no longer holds its place in the relay's
+    /// connections for its whole wait.
+    pub(crate) fn went_direct(&self, key: &[u8; frame::KEY_BYTES]) {
+        if let Some(p) = self.pending().remove(key) {
+            let _ = p.give.try_send(None);
+        }
+    }
+
     /// Gives up a listen's connection if no `OPEN` took it: its TCP
     /// connection is reset (the program waits on its ring otherwise).
     /// False: an `OPEN` took it first.

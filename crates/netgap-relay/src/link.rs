@@ -372,5 +372,9 @@ pub(crate) fn writer(
 /// A listen waiting for the other relay's `OPEN` with its key.
 pub(crate) struct Pending {
     pub(crate) ends: Ends,
-    pub(crate) give: mpsc::SyncSender<(Arc<Conn>, Arc<Link>)>,
+    pub(crate) give: mpsc::SyncSender<Given>,
 }
+
+/// What a waiting listen is given: the connection and its link, or none
+/// when the connection went direct (no `OPEN` will come).
+pub(crate) type Given = Option<(Arc<Conn>, Arc<Link>)>;

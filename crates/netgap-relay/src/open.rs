@@ -49,6 +49,9 @@ pub(crate) enum OpenError {
     /// The listen's wait for the other relay's `OPEN` ran out.
     #[error("no OPEN for the connection from the other relay in time")]
     NoOpen,
+    /// The connection went direct: its listen waits no longer.
+    #[error("the connection went direct")]
+    WentDirect,
     /// The link closed just as an `OPEN` took the listen.
     #[error("the link closed as the connection opened")]
     ClosedOpening,
@@ -93,16 +96,6 @@ pub(crate) enum OpenError {
     /// The relay's rules refuse the target.
     #[error(transparent)]
     TargetRefused(#[from] TargetError),
-    /// The other relay listens at a new flow while this host's link to
-    /// it still carries connections (a direct connection's setup, which
-    /// takes the link listens name).
-    #[error("the other relay listens at {target}, not on this host's link to it ({link}): retry once that link times out")]
-    Stale {
-        /// The target of the connect.
-        target: String,
-        /// The other end of the link this host holds.
-        link: String,
-    },
     /// The other relay did not take the connection.
     #[error(transparent)]
     Answer(#[from] AnswerError),
@@ -247,12 +240,13 @@ pub(crate) fn listen(
         }
     }
     match take.recv_timeout(ACCEPT_WAIT) {
-        Ok(o) => Ok(o),
+        Ok(o) => o.ok_or_else(|| after(OpenError::WentDirect)),
         Err(mpsc::RecvTimeoutError::Timeout) if hub.abandon(&key) => Err(after(OpenError::NoOpen)),
         // An OPEN took it meanwhile: its connection is on the way.
         Err(mpsc::RecvTimeoutError::Timeout) => take
             .recv_timeout(Duration::from_secs(1))
-            .map_err(|_| after(OpenError::ClosedOpening)),
+            .map_err(|_| after(OpenError::ClosedOpening))?
+            .ok_or_else(|| after(OpenError::WentDirect)),
         Err(mpsc::RecvTimeoutError::Disconnected) => Err(after(OpenError::ClosedBefore)),
     }
 }

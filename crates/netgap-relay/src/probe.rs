@@ -15,7 +15,10 @@
 //!
 //! Limits: a probe is one datagram of exactly [`PROBE_BYTES`] and so is
 //! the answer (no amplification); `/proc/net/unix` is read at most every
-//! 50 ms and at most 4 MiB of it; at most 5000 answers a second, the rest
+//! 50 ms for a port the last read found, every 5 ms for one it did not (a
+//! listener that began since must not be answered "no" for 50 ms: a
+//! client started right after its server would keep the kernel's TCP),
+//! and at most 4 MiB of it; at most 5000 answers a second, the rest
 //! dropped.
 
 use netgap_proto::preload::{Probe, ProbeAnswer, PROBE_BYTES, PROBE_PORT};
@@ -36,8 +39,12 @@ pub(crate) enum ProbeError {
     Thread(std::io::Error),
 }
 
-/// How old the listeners read from `/proc/net/unix` may be.
+/// How old the listeners read from `/proc/net/unix` may be for a port
+/// they hold.
 const SCAN_EVERY: Duration = Duration::from_millis(50);
+/// How old they may be for a port they do not hold: a "no" comes from a
+/// read this recent.
+const MISS_SCAN_EVERY: Duration = Duration::from_millis(5);
 /// Most bytes of `/proc/net/unix` read (about 40 000 sockets).
 const MAX_SCAN_BYTES: u64 = 4 << 20;
 /// Most answers a second.
@@ -79,17 +86,25 @@ fn serve(sock: &UdpSocket) {
             continue;
         }
         answered += 1;
-        if scanned.is_none_or(|t| t.elapsed() >= SCAN_EVERY) {
+        let key = (probe.family, probe.port);
+        if must_scan(scanned.map(|t| t.elapsed()), listening.contains(&key)) {
             listening = read_listeners(&mut verified);
             scanned = Some(Instant::now());
         }
         let answer = ProbeAnswer {
             port: probe.port,
-            listening: listening.contains(&(probe.family, probe.port)),
+            listening: listening.contains(&key),
             nonce: probe.nonce,
         };
         let _ = sock.send_to(&answer.encode(), from);
     }
+}
+
+/// Whether the listeners must be read again before an answer: never read
+/// (`age` None), or read longer ago than a "yes" ([`SCAN_EVERY`]) or a
+/// "no" ([`MISS_SCAN_EVERY`]) may be, as the last read says (`found`).
+fn must_scan(age: Option<Duration>, found: bool) -> bool {
+    age.is_none_or(|a| a >= if found { SCAN_EVERY } else { MISS_SCAN_EVERY })
 }
 
 /// The (family, port) pairs with a listener's beacon in this network
@@ -184,6 +199,18 @@ fn owned_as_named(b: &Beacon) -> bool {
 #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_no_comes_from_a_recent_read_and_a_yes_may_be_older() {
+        assert!(must_scan(None, false));
+        assert!(must_scan(None, true));
+        let recent = Duration::from_millis(2);
+        let older = Duration::from_millis(20);
+        assert!(!must_scan(Some(recent), false));
+        assert!(must_scan(Some(older), false));
+        assert!(!must_scan(Some(older), true));
+        assert!(must_scan(Some(SCAN_EVERY), true));
+    }
 
     #[test]
     fn the_listening_beacons_are_read_from_proc_net_unix_and_nothing_else() {

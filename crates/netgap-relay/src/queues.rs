@@ -3,7 +3,9 @@
 //! interface's receive queues, at most `MAX_QUEUES`), less those held by
 //! a granted connection and those an offer in flight named. An offer
 //! names a quarter of the free queues (at least one, at most
-//! [`OFFER_QUEUES`]), the lowest, and reserves them until its answer settles it (the agreed queue held, the
+//! [`OFFER_QUEUES`]), the lowest (the highest from the relay at the
+//! higher address of the two, so two relays' offers to each other at
+//! once differ), and reserves them until its answer settles it (the agreed queue held, the
 //! others freed), so two offers in flight never get the same queue and
 //! offers made at the same moment each find queues while any are free. A
 //! uid holds at most its cap of queues, and never every queue of an
@@ -86,13 +88,28 @@ impl Queues {
         free_queues(self.count, self.held.keys().copied()) & !reserved
     }
 
-    /// An offer of `uid`'s, as `token`: the lowest free queues, a
-    /// quarter of them (at least one, at most [`OFFER_QUEUES`]), reserved
-    /// until [`Queues::settle`].
-    pub(crate) fn offer(&mut self, token: u64, uid: u32) -> Result<u32, QueueError> {
+    /// An offer of `uid`'s, as `token`: a quarter of the free queues (at
+    /// least one, at most [`OFFER_QUEUES`]), reserved until
+    /// [`Queues::settle`]; the lowest, or the highest when `from_top`.
+    /// The relay at the higher address of the two offers from the top, so
+    /// offers the two relays make to each other at the same moment (two
+    /// programs that connect to each other at once) name different
+    /// queues, where each would find the queues the other named reserved
+    /// by its own offer.
+    pub(crate) fn offer(
+        &mut self,
+        token: u64,
+        uid: u32,
+        from_top: bool,
+    ) -> Result<u32, QueueError> {
         self.check_uid(uid)?;
         let free = self.free();
-        let mask = lowest(free, (free.count_ones() / 4).clamp(1, OFFER_QUEUES));
+        let n = (free.count_ones() / 4).clamp(1, OFFER_QUEUES);
+        let mask = if from_top {
+            highest(free, n)
+        } else {
+            lowest(free, n)
+        };
         if mask == 0 {
             return Err(QueueError::NoneFree(self.iface.clone()));
         }
@@ -149,6 +166,20 @@ fn lowest(mut mask: u32, n: u32) -> u32 {
     kept
 }
 
+/// The `n` highest bits of `mask` (all of them when it has fewer).
+fn highest(mut mask: u32, n: u32) -> u32 {
+    let mut kept = 0;
+    for _ in 0..n {
+        if mask == 0 {
+            break;
+        }
+        let bit = 1u32 << (31 - mask.leading_zeros());
+        kept |= bit;
+        mask &= !bit;
+    }
+    kept
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 mod tests {
@@ -170,14 +201,18 @@ mod tests {
     #[test]
     fn an_offer_reserves_its_queues_until_its_answer() {
         let mut q = Queues::new("eth1", 32, 30);
-        assert_eq!(q.offer(1, 10).unwrap(), 0b1_1110, "four queues at most");
+        assert_eq!(
+            q.offer(1, 10, false).unwrap(),
+            0b1_1110,
+            "four queues at most"
+        );
         assert_eq!(q.take(11, 0b1_1110), Err(QueueError::NoneShared));
         q.settle(1, Some(2)).unwrap();
         assert_eq!(q.free() & 0b11_1111, 0b11_1010);
-        assert_eq!(q.offer(2, 11).unwrap(), 0b11_1010);
+        assert_eq!(q.offer(2, 11, false).unwrap(), 0b11_1010);
         assert_eq!(q.settle(2, Some(2)), Err(QueueError::NotOffered(2)));
         assert_eq!(q.free() & 0b11_1111, 0b11_1010, "a refused answer frees it");
-        assert_eq!(q.offer(3, 11).unwrap(), 0b11_1010);
+        assert_eq!(q.offer(3, 11, false).unwrap(), 0b11_1010);
         q.settle(3, None).unwrap();
         assert_eq!(q.free() & 0b11_1111, 0b11_1010);
     }
@@ -185,20 +220,30 @@ mod tests {
     #[test]
     fn offers_made_at_once_each_get_their_own_queues_while_any_are_free() {
         let mut q = Queues::new("eth1", 4, 8);
-        assert_eq!(q.offer(1, 10).unwrap(), 0b0010, "a quarter, at least one");
-        assert_eq!(q.offer(2, 11).unwrap(), 0b0100);
-        assert_eq!(q.offer(3, 12).unwrap(), 0b1000);
-        assert!(matches!(q.offer(4, 13), Err(QueueError::NoneFree(_))));
+        assert_eq!(
+            q.offer(1, 10, false).unwrap(),
+            0b0010,
+            "a quarter, at least one"
+        );
+        assert_eq!(q.offer(2, 11, false).unwrap(), 0b0100);
+        assert_eq!(q.offer(3, 12, false).unwrap(), 0b1000);
+        assert!(matches!(
+            q.offer(4, 13, false),
+            Err(QueueError::NoneFree(_))
+        ));
         q.settle(2, Some(2)).unwrap();
         q.settle(1, None).unwrap();
         q.settle(3, None).unwrap();
         assert_eq!(q.free(), 0b1010);
 
         let mut q = Queues::new("eth1", 32, 30);
-        let masks: Vec<u32> = (0..14).map(|t| q.offer(t, 7).unwrap()).collect();
+        let masks: Vec<u32> = (0..14).map(|t| q.offer(t, 7, false).unwrap()).collect();
         let sizes: Vec<u32> = masks.iter().map(|m| m.count_ones()).collect();
         assert_eq!(sizes, [4, 4, 4, 4, 3, 3, 2, 1, 1, 1, 1, 1, 1, 1]);
-        assert!(matches!(q.offer(14, 7), Err(QueueError::NoneFree(_))));
+        assert!(matches!(
+            q.offer(14, 7, false),
+            Err(QueueError::NoneFree(_))
+        ));
         for (i, m) in masks.iter().enumerate() {
             for other in &masks[i + 1..] {
                 assert_eq!(m & other, 0, "no queue in two offers");
@@ -208,9 +253,24 @@ mod tests {
         for (t, m) in masks.iter().enumerate() {
             q.settle(t as u64, Some(m.trailing_zeros() as u16)).unwrap();
         }
-        assert_eq!(q.offer(14, 8).unwrap().count_ones(), 4);
+        assert_eq!(q.offer(14, 8, false).unwrap().count_ones(), 4);
         assert_eq!(lowest(0b1011_0100, 2), 0b0001_0100);
         assert_eq!(lowest(0b100, 4), 0b100);
+    }
+
+    #[test]
+    fn offers_two_relays_make_to_each_other_at_once_name_different_queues() {
+        // Eight queues, as the testbed's xdp veths have: a quarter of the
+        // seven free is one queue each.
+        let (mut low, mut high) = (Queues::new("eth1", 8, 8), Queues::new("eth1", 8, 8));
+        let from_low = low.offer(1, 10, false).unwrap();
+        let from_high = high.offer(1, 10, true).unwrap();
+        assert_eq!((from_low, from_high), (0b10, 0b1000_0000));
+        // Each answers the other's offer while its own is in flight.
+        assert_eq!(low.take(10, from_high).unwrap(), 7);
+        assert_eq!(high.take(10, from_low).unwrap(), 1);
+        assert_eq!(highest(0b1011_0100, 2), 0b1010_0000);
+        assert_eq!(highest(0b100, 4), 0b100);
     }
 
     #[test]
@@ -222,10 +282,10 @@ mod tests {
         assert_eq!(q.take(8, 0b1110).unwrap(), 3, "another uid takes the last");
         let mut q = Queues::new("eth1", 32, 3);
         for token in 0..3 {
-            let m = q.offer(token, 7).unwrap();
+            let m = q.offer(token, 7, false).unwrap();
             q.settle(token, Some(m.trailing_zeros() as u16)).unwrap();
         }
-        assert_eq!(q.offer(99, 7), Err(QueueError::UidCap(3)));
+        assert_eq!(q.offer(99, 7, false), Err(QueueError::UidCap(3)));
         let one = Queues::new("eth1", 2, 8);
         assert_eq!(one.uid_cap(), 1, "a single usable queue can be held");
         assert_eq!(Queues::new("eth1", 1, 8).free(), 0, "one queue: none");

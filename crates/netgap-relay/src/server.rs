@@ -392,6 +392,8 @@ pub(crate) fn serve(hub: &Arc<Hub>, client: OwnedFd, cred: Cred, slot: Slot) {
     };
     match opened {
         Ok((conn, link)) => pump(&conn, &link, &client, &asker.who),
+        // Its direct grant said so already.
+        Err(f) if matches!(f.why, OpenError::WentDirect) => {}
         // The library already has its reply: a refusal now would only
         // be noise on its doorbell socket.
         Err(f) if f.replied => asker.say(hub, &format!("refused: {}", f.why)),

@@ -148,6 +148,27 @@ pub(crate) static RCVBUF: OptionDecl = OptionDecl {
 /// The socket buffer options alone: what unix and udp honour.
 pub(crate) static SOCKET_BUFFERS: &[&OptionDecl] = &[&SNDBUF, &RCVBUF];
 
+/// `--preload-direct`: the programs a workload runs under netgap's preload
+/// library across hosts ask for direct connections, each program driving
+/// the xdp transport on an AF_XDP socket of its own, instead of sending
+/// through its host's relay; the agents' roles give the programs
+/// `NETGAP_PRELOAD_DIRECT` (`netgap_workload::preload`). The workload plan
+/// refuses it for a point whose roles wrap no programs.
+pub(crate) static PRELOAD_DIRECT: OptionDecl = OptionDecl {
+    flag: "preload-direct",
+    kind: OptionKind::Switch,
+    value_name: "",
+    help: "Programs a workload runs under the preload library (web, gather --responder gmond, pipeline --stages program) connect directly over AF_XDP, not through the relays.",
+    record: |o, _| {
+        o.preload_direct = true;
+        Ok(())
+    },
+};
+
+/// The options xdp honours: its wrapped programs' direct connections
+/// (its own flows take none).
+pub(crate) static XDP: &[&OptionDecl] = &[&PRELOAD_DIRECT];
+
 /// Every option of every registered transport, each once, in registry
 /// order (a transport's own order within it): the flags of the command line.
 pub fn all() -> Vec<&'static OptionDecl> {
@@ -202,5 +223,23 @@ mod tests {
             .apply_value(&mut o, &OptionValue::Number(0))
             .expect_err("zero");
         assert_eq!(e.to_string(), "--rcvbuf 0: must be between 1 byte and 1G");
+    }
+
+    #[test]
+    fn preload_direct_is_xdp_s_alone_and_recorded_as_given() {
+        assert_eq!(find("preload-direct"), Some(&PRELOAD_DIRECT));
+        assert_eq!(transports_taking(&PRELOAD_DIRECT), ["xdp"]);
+        let mut o = TransportOptions::default();
+        assert!(!o.preload_direct);
+        PRELOAD_DIRECT
+            .apply_value(&mut o, &OptionValue::Switch)
+            .expect("a switch");
+        assert_eq!(
+            o,
+            TransportOptions {
+                preload_direct: true,
+                ..TransportOptions::default()
+            }
+        );
     }
 }

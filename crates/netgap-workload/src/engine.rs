@@ -300,6 +300,7 @@ impl ReadyRole for Engine {
                 services: Vec::new(),
                 last_error: None,
                 data_window_ns: None,
+                evidence: Vec::new(),
             },
         })
     }

@@ -182,6 +182,22 @@ pub trait Workload: Sync {
         Ok(())
     }
 
+    /// How the command line asks for this workload's points whose roles
+    /// run programs under netgap's preload library (`gather --responder
+    /// gmond`), for the refusal of `--preload-direct` elsewhere
+    /// ([`preload_direct_takers`]); `None`, it runs none, by default.
+    fn wrapped_programs(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// Whether the roles of this point, with these options, run programs
+    /// under netgap's preload library (the ones `--preload-direct` asks
+    /// for direct connections); none by default.
+    fn wraps_programs(&self, spec: &PointSpec, args: &options::WorkloadArgs) -> bool {
+        let _ = (spec, args);
+        false
+    }
+
     /// The typed parameters every role of the point gets, as the JSON
     /// object its own [`Workload::open`] parses, from the point and the
     /// values of the workload's options for it; none by default.
@@ -322,6 +338,34 @@ impl netgap_core::registry::Named for dyn Workload {
     }
 }
 
+/// The workloads whose points may run programs under the preload
+/// library, as the command line asks for them: `web, gather --responder
+/// gmond, pipeline --stages program`.
+pub fn preload_direct_takers() -> String {
+    registry()
+        .iter()
+        .filter_map(|w| w.wrapped_programs())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Refuses, in one line, `--preload-direct` for a point whose roles run
+/// no programs under the preload library: it would change nothing.
+pub fn check_preload_direct(
+    workload: &dyn Workload,
+    spec: &PointSpec,
+    args: &options::WorkloadArgs,
+) -> Result<(), Refused> {
+    if !spec.options.preload_direct || workload.wraps_programs(spec, args) {
+        return Ok(());
+    }
+    Err(Refused(format!(
+        "--preload-direct does not apply to this {} point: it runs no programs under the preload library; it acts on {}",
+        workload.name(),
+        preload_direct_takers()
+    )))
+}
+
 /// Refuses a transport that cannot connect two hosts, or whose flows are
 /// not addressed by `IP:PORT` (the workloads that aim a flow at a host's
 /// address need that).
@@ -423,6 +467,60 @@ mod tests {
                 "{w}"
             );
         }
+    }
+
+    #[test]
+    fn preload_direct_is_refused_for_a_point_that_wraps_no_programs() {
+        use netgap_core::spec::{Mode, TransportOptions};
+        use options::{OptionValue, WorkloadArgs};
+        let args = |pairs: &[(&'static str, &str)]| {
+            WorkloadArgs(
+                pairs
+                    .iter()
+                    .map(|(k, v)| (*k, OptionValue::Name((*v).into())))
+                    .collect(),
+            )
+        };
+        let mut spec = PointSpec {
+            test: "web".into(),
+            transport: "xdp".into(),
+            mode: Mode::Event,
+            size_bytes: 1024,
+            options: TransportOptions {
+                preload_direct: true,
+                ..TransportOptions::default()
+            },
+            server_cpu: None,
+            io_timeout_ms: 3000,
+            verify: false,
+        };
+        assert_eq!(
+            preload_direct_takers(),
+            "web, gather --responder gmond, pipeline --stages program"
+        );
+        let check = |w: &str, spec: &PointSpec, a: &WorkloadArgs| {
+            check_preload_direct(find(w).unwrap(), spec, a)
+        };
+        // The workloads' programs under the library over xdp.
+        assert!(check("web", &spec, &args(&[])).is_ok());
+        assert!(check("gather", &spec, &args(&[("responder", "gmond")])).is_ok());
+        assert!(check("pipeline", &spec, &args(&[("stages", "program")])).is_ok());
+        // Points whose roles are netgap's own.
+        for (w, a) in [
+            ("multistream", args(&[])),
+            ("gather", args(&[("responder", "builtin")])),
+            ("pipeline", args(&[])),
+            ("pipeline", args(&[("stages", "agent")])),
+        ] {
+            let e = check(w, &spec, &a).unwrap_err().to_string();
+            assert_eq!(
+                e,
+                format!("--preload-direct does not apply to this {w} point: it runs no programs under the preload library; it acts on web, gather --responder gmond, pipeline --stages program"),
+            );
+        }
+        // Without the option nothing is refused.
+        spec.options.preload_direct = false;
+        assert!(check("multistream", &spec, &args(&[])).is_ok());
     }
 
     #[test]

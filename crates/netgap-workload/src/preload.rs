@@ -3,6 +3,7 @@
 //! lookup for `netgap wrap` and for the workloads that run real programs
 //! under the library.
 
+use netgap_core::spec::PointSpec;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
@@ -37,6 +38,63 @@ pub fn library_path() -> Result<PathBuf, LibraryMissing> {
 /// Environment variable telling the library its stack (`shm`, or `xdp`:
 /// connections to other hosts through the host's relay too).
 pub const STACK_ENV: &str = "NETGAP_PRELOAD_STACK";
+
+/// Environment variable asking the library for direct connections to
+/// other hosts (`1`, each on an AF_XDP socket of the program's own) or not
+/// (anything else).
+pub const DIRECT_ENV: &str = "NETGAP_PRELOAD_DIRECT";
+
+/// Environment variable naming the file the library logs to.
+pub const LOG_ENV: &str = "NETGAP_PRELOAD_LOG";
+
+/// What the programs a role runs under the library are started with: the
+/// library's stack, and whether they ask for direct connections.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LibraryStack {
+    /// The library's stack, the point's transport (`shm`, or `xdp`: also
+    /// through the host's relay).
+    pub(crate) name: String,
+    /// The programs ask for direct connections (`--preload-direct`).
+    pub(crate) direct: bool,
+}
+
+impl LibraryStack {
+    /// The stack of `point`'s programs.
+    pub(crate) fn of(point: &PointSpec) -> LibraryStack {
+        LibraryStack {
+            name: point.transport.clone(),
+            direct: point.options.preload_direct,
+        }
+    }
+
+    /// The environment a program starts with under `library`: `LD_PRELOAD`
+    /// ([`preload_value`]), the stack, whether it asks for direct
+    /// connections (`1` or `0`, always given, so a `NETGAP_PRELOAD_DIRECT`
+    /// in the agent's own environment never reaches a run that did not ask
+    /// for them), and the library's log at `log`.
+    pub(crate) fn env(&self, library: &Path, log: &Path) -> [(OsString, OsString); 4] {
+        [
+            ("LD_PRELOAD".into(), preload_value(library)),
+            (STACK_ENV.into(), self.name.clone().into()),
+            (
+                DIRECT_ENV.into(),
+                if self.direct { "1" } else { "0" }.into(),
+            ),
+            (LOG_ENV.into(), log.into()),
+        ]
+    }
+}
+
+impl std::fmt::Display for LibraryStack {
+    /// `xdp`, or `xdp with direct connections`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name)?;
+        if self.direct {
+            f.write_str(" with direct connections")?;
+        }
+        Ok(())
+    }
+}
 
 /// `LD_PRELOAD` with `library` first, keeping what this process's
 /// `LD_PRELOAD` held.
@@ -472,7 +530,15 @@ pub struct LogSummary {
     pub direct_bytes: u64,
     /// Direct connections whose close was logged.
     pub closed_direct: u64,
+    /// The last [`MAX_NOTES`] lines of the library's other than a
+    /// connection's routine move or close (a fallback, a refusal, a
+    /// failure, a warning), whole, in the log's order: what explains a
+    /// point whose transactions failed.
+    pub notes: Vec<String>,
 }
+
+/// Most of the library's lines a [`LogSummary`] keeps as notes.
+pub const MAX_NOTES: usize = 6;
 
 impl LogSummary {
     /// The counts a record carries in its application metrics: connections
@@ -516,9 +582,24 @@ impl LogSummary {
             else {
                 continue;
             };
-            s.add(rest);
+            if !s.add(rest) {
+                if s.notes.len() == MAX_NOTES {
+                    s.notes.remove(0);
+                }
+                s.notes.push(line.to_string());
+            }
         }
         s
+    }
+
+    /// Reads a program's library log through the descriptor the agent
+    /// kept (at most its first 16 MiB).
+    pub(crate) fn read(log: &std::fs::File) -> LogSummary {
+        use std::os::unix::fs::FileExt as _;
+        let len = log.metadata().map_or(0, |m| m.len()).min(16 << 20);
+        let mut buf = vec![0u8; usize::try_from(len).unwrap_or(0)];
+        let n = log.read_at(&mut buf, 0).unwrap_or(0);
+        LogSummary::parse(&String::from_utf8_lossy(&buf[..n]))
     }
 
     /// Connections that stayed on the kernel's TCP, either side.
@@ -526,10 +607,12 @@ impl LogSummary {
         self.connected_kernel + self.accepted_kernel
     }
 
-    fn add(&mut self, event: &str) {
+    /// Counts one of the library's lines (without its `netgap-preload[PID]: `);
+    /// whether it was a connection's routine move or close.
+    fn add(&mut self, event: &str) -> bool {
         // "fd N: ..." or "fd N (accepted on fd M): ..."
         let Some((_, what)) = event.split_once(": ") else {
-            return;
+            return false;
         };
         const KEPT: &str = "stays on the kernel's TCP: ";
         const RELAYED: &str = "moved to xdp via the relay";
@@ -561,10 +644,11 @@ impl LogSummary {
                 };
                 *slot = slot.saturating_add(v);
             }
+            true
         } else if let Some(rest) = what.strip_prefix("direct connection on queue ") {
             // "Q closed: S bytes sent, R received, ..."
             let Some((_, counts)) = rest.split_once(" closed: ") else {
-                return;
+                return false;
             };
             self.closed_direct += 1;
             let mut parts = counts.split(", ");
@@ -576,27 +660,34 @@ impl LogSummary {
                     self.xdp_bytes = self.xdp_bytes.saturating_add(v);
                 }
             }
+            true
         } else if let Some(why) = what.strip_prefix("relay: ") {
             *self.direct_refusals.entry(why.to_string()).or_insert(0) += 1;
+            false
         } else if what
             .strip_prefix("accepted connection ")
             .is_some_and(|w| w.starts_with(DIRECT))
         {
             self.accepted_direct += 1;
+            true
         } else if what == format!("accepted connection {RELAYED}") {
             self.accepted_xdp += 1;
+            true
         } else if what == "accepted connection moved to shm" {
             self.accepted_shm += 1;
+            true
         } else if let Some(why) = what
             .strip_prefix("accepted connection ")
             .and_then(|w| w.strip_prefix(KEPT))
         {
             self.accepted_kernel += 1;
             *self.fallback_reasons.entry(why.to_string()).or_insert(0) += 1;
+            false
         } else if let Some(why) = what.strip_prefix(KEPT) {
             // "fd N (accepted on fd M): stays on ..."
             self.accepted_kernel += 1;
             *self.fallback_reasons.entry(why.to_string()).or_insert(0) += 1;
+            false
         } else if let Some(rest) = what.strip_prefix("connection to port ") {
             let rest = rest.split_once(' ').map_or("", |(_, r)| r);
             if rest == "moved to shm" {
@@ -605,12 +696,18 @@ impl LogSummary {
                 self.connected_xdp += 1;
             } else if rest.starts_with(DIRECT) {
                 self.connected_direct += 1;
-            } else if let Some(why) = rest.strip_prefix(KEPT) {
-                self.connected_kernel += 1;
-                *self.fallback_reasons.entry(why.to_string()).or_insert(0) += 1;
-            } else if rest.starts_with("fails ") {
-                self.failed += 1;
+            } else {
+                if let Some(why) = rest.strip_prefix(KEPT) {
+                    self.connected_kernel += 1;
+                    *self.fallback_reasons.entry(why.to_string()).or_insert(0) += 1;
+                } else if rest.starts_with("fails ") {
+                    self.failed += 1;
+                }
+                return false;
             }
+            true
+        } else {
+            false
         }
     }
 }
@@ -619,6 +716,50 @@ impl LogSummary {
 #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_program_s_environment_always_says_whether_it_goes_direct() {
+        let point = |direct: bool| PointSpec {
+            test: "web".into(),
+            transport: "xdp".into(),
+            mode: netgap_core::spec::Mode::Event,
+            size_bytes: 1024,
+            options: netgap_core::spec::TransportOptions {
+                preload_direct: direct,
+                ..netgap_core::spec::TransportOptions::default()
+            },
+            server_cpu: None,
+            io_timeout_ms: 3000,
+            verify: false,
+        };
+        let env = |direct: bool| {
+            LibraryStack::of(&point(direct)).env(
+                Path::new("/opt/libnetgap_preload.so"),
+                Path::new("/run/x/preload.log"),
+            )
+        };
+        let value = |env: &[(OsString, OsString)], key: &str| {
+            env.iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.clone())
+                .unwrap()
+        };
+        let on = env(true);
+        assert_eq!(value(&on, DIRECT_ENV), "1");
+        assert_eq!(value(&on, STACK_ENV), "xdp");
+        assert_eq!(value(&on, LOG_ENV), "/run/x/preload.log");
+        assert!(value(&on, "LD_PRELOAD")
+            .to_string_lossy()
+            .starts_with("/opt/libnetgap_preload.so"));
+        // Off is said too, so an agent started with the variable does not
+        // hand it to a run that did not ask.
+        assert_eq!(value(&env(false), DIRECT_ENV), "0");
+        assert_eq!(
+            LibraryStack::of(&point(true)).to_string(),
+            "xdp with direct connections"
+        );
+        assert_eq!(LibraryStack::of(&point(false)).to_string(), "xdp");
+    }
 
     #[test]
     fn a_log_counts_each_side_each_fallback_and_the_closed_connections_bytes() {
@@ -651,6 +792,37 @@ netgap-preload[9]: fd 14: sendmsg with ancillary data on a shm connection: the d
         );
         assert_eq!(s.fallback_reasons.len(), 3);
         assert_eq!(LogSummary::parse(""), LogSummary::default());
+        // Every line but a routine move or close is a note, whole; other
+        // programs' lines are none.
+        assert_eq!(
+            s.notes,
+            [
+                "netgap-preload[7]: fd 7: connection to port 8080 stays on the kernel's TCP: no listener with the library there",
+                "netgap-preload[7]: fd 8: connection to port 8080 fails (ECONNRESET): no answer",
+                "netgap-preload[9]: fd 12: accepted connection stays on the kernel's TCP: the first bytes are no hello",
+                "netgap-preload[9]: fd 13 (accepted on fd 4): stays on the kernel's TCP: the peer is not on this host",
+                "netgap-preload[9]: fd 14: sendmsg with ancillary data on a shm connection: the data is dropped",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_log_keeps_its_last_notes_only() {
+        let mut log = String::new();
+        for fd in 0..20 {
+            log.push_str(&format!(
+                "netgap-preload[7]: fd {fd}: connection to port 80 moved to xdp via the relay\n\
+                 netgap-preload[7]: fd {fd}: read: the relay hung up\n"
+            ));
+        }
+        let s = LogSummary::parse(&log);
+        assert_eq!(s.connected_xdp, 20);
+        assert_eq!(s.notes.len(), MAX_NOTES);
+        assert_eq!(
+            s.notes.last().map(String::as_str),
+            Some("netgap-preload[7]: fd 19: read: the relay hung up")
+        );
+        assert!(s.notes[0].contains("fd 14:"), "{:?}", s.notes);
     }
 
     #[test]

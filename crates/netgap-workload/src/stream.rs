@@ -448,6 +448,7 @@ impl ReadyRole for Streams {
                 // Only an end that receives times bytes against the window.
                 data_window_ns: (both || !sends)
                     .then(|| data_window_ns(&counts).unwrap_or(0).min(window_ns)),
+                evidence: Vec::new(),
             },
             flows: reports,
         })

@@ -111,12 +111,33 @@ impl Testbed {
         key: &Path,
         dir: &Path,
     ) -> Vec<(super::procs::Terminated, PathBuf)> {
+        self.start_relays_with(key, dir, &["--no-direct"])
+    }
+
+    /// [`Testbed::start_relays`], but relays that grant direct connections.
+    #[cfg(feature = "xdp")]
+    pub(crate) fn start_direct_relays(
+        &self,
+        key: &Path,
+        dir: &Path,
+    ) -> Vec<(super::procs::Terminated, PathBuf)> {
+        self.start_relays_with(key, dir, &[])
+    }
+
+    /// [`Testbed::start_relays`] with `flags` added to each relay's.
+    #[cfg(feature = "xdp")]
+    fn start_relays_with(
+        &self,
+        key: &Path,
+        dir: &Path,
+        flags: &[&str],
+    ) -> Vec<(super::procs::Terminated, PathBuf)> {
         let mut relays = Vec::new();
         for h in &self.hosts().hosts {
             let log = dir.join(format!("relay-{}.log", h.name));
             let child = self
                 .relay_command(&h.name, key)
-                .arg("--no-direct")
+                .args(flags)
                 .stdout(std::process::Stdio::null())
                 .stderr(std::fs::File::create(&log).expect("a relay log"))
                 .spawn()

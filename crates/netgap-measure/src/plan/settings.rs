@@ -189,8 +189,26 @@ impl Settings {
             ..r.common(DEFAULT_REP_TIME)
         };
         let mut settings = Settings::new(&c, what)?;
+        settings.refuse_preload_direct(what)?;
         settings.place_point_to_point()?;
         Ok(settings)
+    }
+
+    /// Refuses `--preload-direct` for the tests of a point-to-point run
+    /// (`what`), whose flows are netgap's own and no program's: it would
+    /// change nothing.
+    pub(crate) fn refuse_preload_direct(&self, what: &str) -> Result<(), PlanError> {
+        if !self.stacks.options.preload_direct {
+            return Ok(());
+        }
+        Err(no_effect(
+            "--preload-direct",
+            what,
+            format!(
+                "it asks the programs a workload runs under the preload library for direct connections ({}), and {what} runs netgap's own flows",
+                netgap_workload::preload_direct_takers()
+            ),
+        ))
     }
 
     /// One point of `test` with these settings.

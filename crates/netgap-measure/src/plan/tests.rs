@@ -224,6 +224,26 @@ fn an_option_a_transport_ignores_is_refused() {
 }
 
 #[test]
+fn preload_direct_is_refused_off_xdp_and_for_netgap_s_own_flows() {
+    let mut r = req("pingpong");
+    r.transport.options = vec![option("preload-direct", OptionValue::Switch)];
+    let e = err(&r);
+    assert!(
+        e.starts_with("--preload-direct does not apply to transport tcp"),
+        "{e}"
+    );
+    // Over xdp (where this build and host have it), a point-to-point
+    // test has no program to ask.
+    if netgap_transport::find("xdp").is_some_and(|t| t.availability().is_ok()) {
+        r.transport.transports = vec!["xdp".into()];
+        assert_eq!(
+            err(&r),
+            "--preload-direct does not apply to pingpong: it asks the programs a workload runs under the preload library for direct connections (web, gather --responder gmond, pipeline --stages program), and pingpong runs netgap's own flows"
+        );
+    }
+}
+
+#[test]
 fn flags_of_multi_host_tests_are_refused_for_point_to_point_tests() {
     let mut r = req("pingpong");
     r.multi_host.clients = Some(vec![3]);

@@ -55,6 +55,9 @@ struct Reduction {
     services: Vec<(usize, netgap_core::record::ServiceRecord)>,
     /// The last failure a role reported, of the latest repetition with one.
     last_error: Option<String>,
+    /// What the logs of each role's programs said (by role index), of the
+    /// latest repetition whose transactions failed.
+    evidence: Vec<(usize, Vec<String>)>,
     /// One sentence for each repetition whose data path did not read
     /// through its window (see [`window_warning`]).
     short_windows: Vec<String>,
@@ -89,6 +92,7 @@ impl Reduction {
             metrics: Vec::new(),
             services: Vec::new(),
             last_error: None,
+            evidence: Vec::new(),
             short_windows: Vec::new(),
         }
     }
@@ -174,6 +178,14 @@ impl Reduction {
                     per_flow_value[g] = if prev.is_finite() { prev + v } else { v };
                 }
             }
+        }
+        if rep_metrics.get("errors").is_some_and(|e| *e > 0.0) {
+            self.evidence = r
+                .reports
+                .iter()
+                .filter(|(_, _, o)| !o.evidence.is_empty())
+                .map(|(i, _, o)| (*i, o.evidence.clone()))
+                .collect();
         }
         let headline = workload.headline(&per_flow_value, &rep_metrics);
         self.metrics.push(rep_metrics);
@@ -324,6 +336,7 @@ pub(super) fn measure_point(
         metrics,
         services,
         last_error,
+        evidence,
         short_windows,
     } = red;
     // The run's name of each host, as its flows are named.
@@ -379,6 +392,13 @@ pub(super) fn measure_point(
     let failed: f64 = metrics.iter().filter_map(|m| m.get("errors")).sum();
     if let Some(w) = failure_warning(failed, metrics.len(), last_error.as_deref()) {
         record.warnings.push(w);
+        for (role, lines) in &evidence {
+            let role = &placement.roles[*role];
+            let host = &coord.links[role.host].host.name;
+            record
+                .warnings
+                .push(evidence_warning(role.side.as_str(), host, lines));
+        }
     }
     if let Some(w) = preload_warning(&metrics) {
         record.warnings.push(w);
@@ -605,6 +625,28 @@ fn failure_warning(failed: f64, reps: usize, last_error: Option<&str>) -> Option
     ))
 }
 
+/// How the warning that quotes a role's logs beside failed transactions
+/// begins.
+pub(crate) const EVIDENCE_PREFIX: &str = "what the logs said: ";
+
+/// The warning that quotes what the logs of the programs a role ran said
+/// (`WorkloadOutcome::evidence`: a server's error log, the preload
+/// library's notes) in the repetition whose transactions failed, on one
+/// line with the role's side and host, so the failure is explained where
+/// it is reported rather than in files on another host that the run
+/// removed.
+fn evidence_warning(side: &str, host: &str, lines: &[String]) -> String {
+    let said: Vec<String> = lines
+        .iter()
+        .map(|l| netgap_core::text::escape_control(l).into_owned())
+        .collect();
+    format!(
+        "{EVIDENCE_PREFIX}the {side} on {}: {}",
+        netgap_core::text::escape_control(host),
+        said.join(" | ")
+    )
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 mod tests {
@@ -651,6 +693,7 @@ mod tests {
             services: Vec::new(),
             last_error: None,
             data_window_ns: None,
+            evidence: Vec::new(),
         }
     }
 
@@ -715,6 +758,33 @@ mod tests {
             failure_warning(7.0, 3, Some("status 404 for /f0\n")).unwrap(),
             "failed transactions: 7 over 3 repetitions; last error: status 404 for /f0\\u{a}"
         );
+    }
+
+    #[test]
+    fn a_repetition_with_failed_transactions_keeps_what_the_roles_logs_said() {
+        // The Apache fault seen once in CI: some requests failed, and what
+        // the server's logs said was removed with its run directory.
+        let web = netgap_workload::find("web").unwrap();
+        let placement = placement();
+        let mut red = Reduction::new(&placement);
+        let said = "error.log: [mpm_event:error] AH03096: event_loop: unexpected state 1\x1b[2J";
+        let mut failing = rep(20.0, 10);
+        failing.reports[0].2.evidence = vec![said.into()];
+        failing.reports[1].2.metrics.insert("errors".into(), 2.0);
+        red.add_rep(web, &placement, &failing).unwrap();
+        // A later clean repetition's logs do not replace it.
+        let mut clean = rep(20.0, 10);
+        clean.reports[0].2.evidence = vec!["error.log: resuming normal operations".into()];
+        red.add_rep(web, &placement, &clean).unwrap();
+        assert_eq!(red.evidence, vec![(0, vec![said.to_string()])]);
+        assert_eq!(
+            evidence_warning("server", "h2", &red.evidence[0].1),
+            "what the logs said: the server on h2: error.log: [mpm_event:error] AH03096: event_loop: unexpected state 1\\u{1b}[2J"
+        );
+        // Without a failure no repetition's logs are kept.
+        let mut red = Reduction::new(&placement);
+        red.add_rep(web, &placement, &clean).unwrap();
+        assert!(red.evidence.is_empty());
     }
 
     #[test]

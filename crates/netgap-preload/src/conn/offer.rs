@@ -132,6 +132,7 @@ impl Conn {
         // SAFETY: the duplicate just made, owned from here on.
         let keep = crate::unix::lift(unsafe { OwnedFd::from_raw_fd(keep) });
         offer.fd = keep.as_raw_fd();
+        self.orphaned.store(true, Ordering::SeqCst);
         OfferOnClose::Orphaned(keep)
     }
 
@@ -298,7 +299,15 @@ impl Conn {
             .channel
             .take_unsent()
             .map_err(|Corrupt| GiveBackError::Corrupt)?;
-        d.send_first(&bytes).map_err(|e| GiveBackError::Send {
+        // A program that closed the connection waits for nothing: its
+        // bytes get the time a close's linger gives an opening, and a peer
+        // that never answers is told with a reset, not waited on until
+        // the silence limit (the process's exit waits for this thread).
+        let by = self
+            .orphaned
+            .load(Ordering::SeqCst)
+            .then(|| std::time::Instant::now() + netgap_transport::xdp::direct::OPENING_LINGER);
+        d.send_first(&bytes, by).map_err(|e| GiveBackError::Send {
             bytes: bytes.len(),
             why: std::io::Error::from_raw_os_error(e),
         })

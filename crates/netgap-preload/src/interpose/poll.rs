@@ -22,23 +22,29 @@ fn settle(fd: c_int, c: &Arc<Conn>) -> bool {
     // reads them.
     let offered = c.offered();
     #[cfg(feature = "xdp")]
-    if c.went_direct().is_some() {
-        // Its first look is the program's read (at worst an EAGAIN).
-        return true;
+    if let Some(d) = c.went_direct() {
+        return direct_readable(&d);
     }
     if !offered {
         return c.settle(fd);
     }
     match setup::finish_offer(fd, c, false) {
         Resolved::Shm(c) => c.settle(fd),
-        // The program's own bytes (or the end) on the kernel socket; or,
-        // moved to a direct connection just now, its first look is the
-        // program's read (at worst an EAGAIN).
+        // The program's own bytes (or the end) on the kernel socket.
         Resolved::Kernel => true,
         #[cfg(feature = "xdp")]
-        Resolved::Direct(_) => true,
+        Resolved::Direct(d) => direct_readable(&d),
         Resolved::NotYet => false,
     }
+}
+
+/// Whether a connection that went direct has bytes (or its end) for a
+/// read now. The wait was woken by its kernel socket (the listener's
+/// answer), not by the request's reply: a program told it is readable
+/// reads, and wrk takes that read's EAGAIN for an error and reconnects.
+#[cfg(feature = "xdp")]
+fn direct_readable(d: &crate::direct::Direct) -> bool {
+    d.poll_events(libc::POLLIN) & libc::POLLIN != 0
 }
 
 /// Whether an accepted connection still pending that the kernel calls
@@ -254,8 +260,15 @@ pub unsafe extern "C" fn epoll_ctl(
             return r;
         }
     }
-    // SAFETY: the program's own arguments, passed on.
-    let r = unsafe { real::epoll_ctl()(epfd, op, fd, event) };
+    #[cfg(feature = "xdp")]
+    let mut held = granting_held(fd, op, event);
+    #[cfg(feature = "xdp")]
+    let event_for_kernel = held.as_mut().map_or(event, std::ptr::from_mut);
+    #[cfg(not(feature = "xdp"))]
+    let event_for_kernel = event;
+    // SAFETY: the program's own arguments, passed on (its event, or a
+    // copy of it on the stack).
+    let r = unsafe { real::epoll_ctl()(epfd, op, fd, event_for_kernel) };
     if r == 0 {
         let e = errno();
         let interest = if op == libc::EPOLL_CTL_DEL {
@@ -284,6 +297,27 @@ pub unsafe extern "C" fn epoll_ctl(
         set_errno(e);
     }
     r
+}
+
+/// The program's event for `fd` as the kernel gets it when `fd` is an
+/// accepted connection whose grant is awaited: without its writability
+/// (`pending::held_events`); None otherwise (the program's own is passed
+/// on).
+#[cfg(feature = "xdp")]
+fn granting_held(fd: c_int, op: c_int, event: *const epoll_event) -> Option<epoll_event> {
+    if op == libc::EPOLL_CTL_DEL || event.is_null() {
+        return None;
+    }
+    match table::get(fd) {
+        Some(Entry::Pending(p)) if p.granting_fd() >= 0 => {
+            // SAFETY: a non-null event is valid for reads (epoll_ctl's
+            // contract); the struct is packed, so it is copied out whole.
+            let mut ev = unsafe { std::ptr::read_unaligned(event) };
+            ev.events = crate::pending::held_events(ev.events);
+            Some(ev)
+        }
+        _ => None,
+    }
 }
 
 /// `epoll_wait(2)`.
@@ -407,8 +441,10 @@ pub(super) unsafe fn rings_poll(
         .iter()
         .filter(|(_, c)| c.bell() >= 0)
         .map(|(i, c)| (*i, c.bell()))
-        .chain(granting(&pend))
         .collect();
+    // The pending connections' direct requests' sockets, after them.
+    let relayed = bells.len();
+    let bells: Vec<(usize, c_int)> = bells.into_iter().chain(granting(&pend)).collect();
     // The relayed offers still open, watched by their ends' eventfds
     // after the relay sockets: the library's thread may take an answer off
     // the kernel socket before this wait sees it.
@@ -444,6 +480,9 @@ pub(super) unsafe fn rings_poll(
         } else {
             0
         };
+        // The pending connections whose grant is awaited as the wait
+        // begins: their writability is held back until it ends.
+        let held: Vec<bool> = pend.iter().map(|(_, p)| awaits_grant(p)).collect();
         let r = if bells.is_empty() && offers.is_empty() {
             wait(fds, nfds, t)
         } else {
@@ -451,6 +490,7 @@ pub(super) unsafe fn rings_poll(
             let set = unsafe { std::slice::from_raw_parts(fds, nfds as usize) };
             with_bells.clear();
             with_bells.extend_from_slice(set);
+            hold_writes(&mut with_bells, &pend, &held);
             with_bells.extend(
                 bells
                     .iter()
@@ -470,7 +510,7 @@ pub(super) unsafe fn rings_poll(
         // SAFETY: as above; the real poll wrote only `revents`.
         let set = unsafe { std::slice::from_raw_parts_mut(fds, nfds as usize) };
         if !bells.is_empty() || !offers.is_empty() {
-            copy_rung(set, &with_bells, &bells);
+            copy_rung(set, &with_bells, &bells, relayed);
         }
         for (i, c) in &shm {
             if set[*i].revents & libc::POLLIN != 0 && !settle(set[*i].fd, c) {
@@ -480,17 +520,17 @@ pub(super) unsafe fn rings_poll(
                 set[*i].revents |= libc::POLLERR;
             }
         }
-        for (i, p) in &pend {
-            if set[*i].revents & libc::POLLIN != 0 && !settle_pending(set[*i].fd, p) {
-                set[*i].revents &= !(libc::POLLIN | libc::POLLRDNORM);
-            }
-        }
+        let answered = settle_pending_entries(set, &pend, &held);
         for i in ready {
             set[i].revents |= libc::POLLIN;
         }
         let n = set.iter().filter(|p| p.revents != 0).count() as c_int;
         if n > 0 || t == 0 {
             return Polled::Done(n);
+        }
+        if answered {
+            // Its request's socket is gone: the set is looked at afresh.
+            return Polled::Moved;
         }
         let ended = with_bells
             .get(set.len() + bells.len()..)
@@ -501,19 +541,64 @@ pub(super) unsafe fn rings_poll(
     }
 }
 
+/// Takes the writability out of the kernel's watch of the pending
+/// connections in `set` whose grant is awaited (`held`, in `pend`'s
+/// order): no write proceeds before the grant or the refusal (see
+/// `pending::held_events`), and the request's socket wakes the wait
+/// instead.
+fn hold_writes(set: &mut [pollfd], pend: &Watched<Pending>, held: &[bool]) {
+    for ((i, _), &held) in pend.iter().zip(held) {
+        if held {
+            set[*i].events &= !(libc::POLLOUT | libc::POLLWRNORM | libc::POLLWRBAND);
+        }
+    }
+}
+
+/// Settles the pending connections' entries of `set` after a wait: each
+/// readable only with its own bytes, and writable once the grant or the
+/// refusal came if its grant was awaited as the wait began (`held`).
+/// Returns whether an answer came (its request's socket is gone then).
+fn settle_pending_entries(set: &mut [pollfd], pend: &Watched<Pending>, held: &[bool]) -> bool {
+    let mut answered = false;
+    for ((i, p), &held) in pend.iter().zip(held) {
+        let e = &mut set[*i];
+        if e.revents & libc::POLLIN != 0 && !settle_pending(e.fd, p) {
+            e.revents &= !(libc::POLLIN | libc::POLLRDNORM);
+        }
+        // Woken by its request's socket for a write only.
+        if e.events & libc::POLLIN == 0 {
+            e.revents &= !(libc::POLLIN | libc::POLLRDNORM);
+        }
+        if held && !awaits_grant(p) {
+            answered = true;
+            if e.events & libc::POLLOUT != 0 {
+                // The connection's writability, held back until now, is
+                // the kernel's again (or the direct connection's, whose
+                // window is open before anything was written).
+                e.revents |= libc::POLLOUT;
+            }
+        }
+    }
+    answered
+}
+
 /// Copies a wait on the program's `set` with the relay sockets `bells`
 /// (each with its connection's place in `set`) after it (`with_bells`)
 /// back into `set`: a byte on a relay socket marks its connection
 /// readable, for `settle` to drain and judge (or, for a pending
-/// connection's direct request, to read the grant); a hang-up, the relay
-/// gone, hangs the connection up with it.
-fn copy_rung(set: &mut [pollfd], with_bells: &[pollfd], bells: &[(usize, c_int)]) {
+/// connection's direct request, to read the grant); a hang-up of a
+/// relayed connection's socket (the first `relayed` of `bells`), the
+/// relay gone, hangs the connection up with it. A direct request's socket
+/// hangs up when the relay is done with the request (it closes it after
+/// a refusal): that is the connection's to look at, as a byte would be,
+/// never its hang-up.
+fn copy_rung(set: &mut [pollfd], with_bells: &[pollfd], bells: &[(usize, c_int)], relayed: usize) {
     for (p, w) in set.iter_mut().zip(with_bells) {
         p.revents = w.revents;
     }
     for (k, &(i, _)) in bells.iter().enumerate() {
         let rung = with_bells[set.len() + k].revents;
-        if rung & libc::POLLIN != 0 {
+        if rung & libc::POLLIN != 0 || (k >= relayed && rung != 0) {
             set[i].revents |= libc::POLLIN;
         } else if rung != 0 {
             set[i].revents |= libc::POLLHUP;
@@ -533,6 +618,18 @@ fn granting(pend: &Watched<Pending>) -> impl Iterator<Item = (usize, c_int)> + '
     watched.filter(|&(_, fd)| fd >= 0)
 }
 
+/// Whether a pending connection's direct request awaits its grant
+/// (`Pend::Granting`).
+fn awaits_grant(p: &Pending) -> bool {
+    #[cfg(feature = "xdp")]
+    return p.granting_fd() >= 0;
+    #[cfg(not(feature = "xdp"))]
+    {
+        let _ = p;
+        false
+    }
+}
+
 /// What entries of a poll set watch, with their places in the set.
 pub(super) type Watched<T> = Vec<(usize, Arc<T>)>;
 
@@ -544,6 +641,22 @@ fn read_watched(set: &[pollfd]) -> (Watched<Conn>, Watched<Pending>) {
     let mut shm: Vec<(usize, Arc<Conn>)> = Vec::new();
     let mut pend: Vec<(usize, Arc<Pending>)> = Vec::new();
     for (i, p) in set.iter().enumerate() {
+        // A connection whose grant is awaited is watched for a write too
+        // (see `pending::held_events`).
+        #[cfg(feature = "xdp")]
+        let write_held = p.events & libc::POLLIN == 0
+            && p.events & libc::POLLOUT != 0
+            && matches!(table::get(p.fd), Some(Entry::Pending(q)) if q.granting_fd() >= 0);
+        #[cfg(not(feature = "xdp"))]
+        let write_held = false;
+        if write_held {
+            if let Some(Entry::Pending(q)) = table::get(p.fd) {
+                if let Resolved::NotYet = setup::resolve(p.fd, &q, false, true) {
+                    pend.push((i, q));
+                }
+            }
+            continue;
+        }
         if p.events & libc::POLLIN == 0 {
             continue;
         }
@@ -688,12 +801,34 @@ unsafe fn shm_epoll_wait(
         if !direct.is_empty() {
             // SAFETY: the caller's contract.
             return unsafe {
-                super::poll_direct::direct_epoll_wait(epfd, events, max, timeout, &wait, &direct)
+                super::poll_direct::direct_epoll_wait(epfd, events, max, timeout, &wait, direct)
             };
         }
     }
+    #[cfg(feature = "xdp")]
+    let start = std::time::Instant::now();
     // SAFETY: the caller's contract.
-    unsafe { rings_epoll_wait(epfd, events, max, timeout, wait) }
+    let n = unsafe { rings_epoll_wait(epfd, events, max, timeout, &wait) };
+    #[cfg(feature = "xdp")]
+    if n > 0 {
+        // A connector's offer went direct during this wait: its
+        // connection's socket joined the epoll and wakes it for every
+        // frame (an acknowledgment too), so its events are the
+        // connection's to say, as in a wait that began with it direct.
+        let direct = table::epoll_direct(epfd);
+        if !direct.is_empty() {
+            use super::poll_direct::{direct_epoll_wait, settle_direct};
+            // SAFETY: `events` holds `max` entries, the first `n` written.
+            let n = unsafe { settle_direct(events, n as usize, &direct, &[]) };
+            let left = left_ms(timeout, start);
+            if n > 0 || left == 0 {
+                return n as c_int;
+            }
+            // SAFETY: the caller's contract.
+            return unsafe { direct_epoll_wait(epfd, events, max, left, &wait, direct) };
+        }
+    }
+    n
 }
 
 /// [`shm_epoll_wait`] for an epoll with no direct connection.
@@ -788,6 +923,35 @@ pub(super) unsafe fn rings_epoll_wait(
     }
 }
 
+/// The events of an epoll that say a descriptor hung up or failed.
+const HANG_UPS: u32 = (libc::EPOLLHUP | libc::EPOLLERR | libc::EPOLLRDHUP) as u32;
+
+/// What the kernel socket `fd` itself says of a hang-up or a failure now,
+/// as epoll would report it to a registration of `interest`: the hang-up
+/// and the failure always, the peer's shutdown only if asked for.
+fn own_hang_ups(fd: c_int, interest: u32) -> u32 {
+    let mut p = pollfd {
+        fd,
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd on the stack; a look that does not wait.
+    if unsafe { real::poll()(&mut p, 1, 0) } <= 0 {
+        return 0;
+    }
+    let mut said = 0;
+    if p.revents & libc::POLLHUP != 0 {
+        said |= libc::EPOLLHUP as u32;
+    }
+    if p.revents & libc::POLLERR != 0 {
+        said |= libc::EPOLLERR as u32;
+    }
+    if p.revents & libc::POLLRDHUP != 0 && interest & libc::EPOLLRDHUP as u32 != 0 {
+        said |= libc::EPOLLRDHUP as u32;
+    }
+    said
+}
+
 /// Corrects the kernel's `n` events for taken-over connections: readable
 /// only with data or the end in the ring (doorbells alone are drained and
 /// the event dropped if nothing else is left in it), and the ring-ready
@@ -825,13 +989,33 @@ unsafe fn settle_events(
         let mut ev = get(k);
         let data = ev.u64;
         let conn = shm.iter().find(|(_, i, _)| i.data == data);
-        if ev.events & libc::EPOLLIN as u32 != 0 {
+        let pending = pend
+            .iter()
+            .find(|(_, i, _)| i.data == data)
+            .filter(|_| conn.is_none());
+        if let Some((fd, i, p)) = pending {
+            // The event may be the direct request's socket's, registered
+            // with the connection's data and read interest whatever the
+            // program asked: the relay closes that socket once it has
+            // refused, and its hang-up is not the connection's (a program
+            // told of one closes the connection), nor its byte the
+            // connection's data. Either wakes the connection to be looked
+            // at; its own hang-up is its kernel socket's.
+            let read = libc::EPOLLIN as u32;
+            let had_in = ev.events & read != 0;
+            if had_in || ev.events & HANG_UPS != 0 {
+                let own = if ev.events & HANG_UPS != 0 {
+                    own_hang_ups(*fd, i.events)
+                } else {
+                    0
+                };
+                let readable = settle_pending(*fd, p) && had_in && i.events & read != 0;
+                ev.events &= !(HANG_UPS | (libc::EPOLLIN | libc::EPOLLRDNORM) as u32);
+                ev.events |= own | if readable { read } else { 0 };
+            }
+        } else if ev.events & libc::EPOLLIN as u32 != 0 {
             if let Some((fd, _, c)) = conn {
                 if !settle(*fd, c) {
-                    ev.events &= !((libc::EPOLLIN | libc::EPOLLRDNORM) as u32);
-                }
-            } else if let Some((fd, _, p)) = pend.iter().find(|(_, i, _)| i.data == data) {
-                if !settle_pending(*fd, p) {
                     ev.events &= !((libc::EPOLLIN | libc::EPOLLRDNORM) as u32);
                 }
             }

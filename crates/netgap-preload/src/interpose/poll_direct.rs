@@ -111,19 +111,12 @@ pub(super) unsafe fn direct_epoll_wait(
     max: c_int,
     timeout: c_int,
     wait: &dyn Fn(c_int) -> c_int,
-    direct: &[(c_int, Interest, Arc<crate::direct::Direct>)],
+    mut direct: Vec<(c_int, Interest, Arc<crate::direct::Direct>)>,
 ) -> c_int {
-    // Entries are packed structs: read and written unaligned, by value.
-    let get = |k: usize| {
-        // SAFETY: callers pass `k < max`, inside the program's array.
-        unsafe { std::ptr::read_unaligned(events.add(k)) }
-    };
+    // Entries are packed structs: written unaligned, by value.
     let put = |k: usize, e: epoll_event| {
-        // SAFETY: as above.
+        // SAFETY: callers pass `k < max`, inside the program's array.
         unsafe { std::ptr::write_unaligned(events.add(k), e) }
-    };
-    let said = |i: &Interest, d: &crate::direct::Direct| {
-        u32::from(d.poll_events((i.events & 0xffff) as i16).cast_unsigned())
     };
     let start = std::time::Instant::now();
     loop {
@@ -157,26 +150,16 @@ pub(super) unsafe fn direct_epoll_wait(
         if n < 0 && ready.is_empty() {
             return n;
         }
-        let mut out = 0usize;
-        for k in 0..n.max(0) as usize {
-            let mut e = get(k);
-            let data = e.u64;
-            if let Some((_, i, d)) = direct.iter().find(|(_, i, _)| i.data == data) {
-                // The connection's socket (frames arrived) or its TCP
-                // socket: the connection says what it is.
-                if ready.iter().any(|r| r.u64 == data) {
-                    continue;
-                }
-                let ev = said(i, d);
-                d.newly_ready(ev);
-                if ev == 0 {
-                    continue;
-                }
-                e.events = ev;
-            }
-            put(out, e);
-            out += 1;
+        if n > 0 {
+            // A connector's offer in this epoll may have gone direct in
+            // the wait (its connection's socket joined the epoll and woke
+            // it, for an acknowledgment too): settled as the others are.
+            direct = table::epoll_direct(epfd);
         }
+        let found: Vec<u64> = ready.iter().map(|r| r.u64).collect();
+        // SAFETY: `events` holds `max` entries, the first `n` written by
+        // the kernel.
+        let mut out = unsafe { settle_direct(events, n.max(0) as usize, &direct, &found) };
         for r in ready {
             put(out, r);
             out += 1;
@@ -185,6 +168,57 @@ pub(super) unsafe fn direct_epoll_wait(
             return out as c_int;
         }
     }
+}
+
+/// The poll events direct connection `d` has of registration `i`'s.
+fn said(i: &Interest, d: &crate::direct::Direct) -> u32 {
+    u32::from(d.poll_events((i.events & 0xffff) as i16).cast_unsigned())
+}
+
+/// Corrects the first `n` events an epoll wait gave for the direct
+/// connections registered in it: the connection's socket (frames arrived,
+/// an acknowledgment too) or its TCP socket woke the wait, so the
+/// connection says what it has, and an event it has nothing of, or one
+/// of data in `found` (reported already), is dropped. The others are
+/// kept as they are. Returns how many remain, packed at the front.
+///
+/// # Safety
+///
+/// `events` valid for reads and writes of `n` entries, all initialised.
+pub(super) unsafe fn settle_direct(
+    events: *mut epoll_event,
+    n: usize,
+    direct: &[(c_int, Interest, Arc<crate::direct::Direct>)],
+    found: &[u64],
+) -> usize {
+    // Entries are packed structs: read and written unaligned, by value.
+    let get = |k: usize| {
+        // SAFETY: callers pass `k < n`, inside the program's array.
+        unsafe { std::ptr::read_unaligned(events.add(k)) }
+    };
+    let put = |k: usize, e: epoll_event| {
+        // SAFETY: as above.
+        unsafe { std::ptr::write_unaligned(events.add(k), e) }
+    };
+    let mut out = 0usize;
+    for k in 0..n {
+        let mut e = get(k);
+        let data = e.u64;
+        if let Some((_, i, d)) = direct.iter().find(|(_, i, _)| i.data == data) {
+            if found.contains(&data) {
+                continue;
+            }
+            let ev = said(i, d);
+            d.newly_ready(ev);
+            if ev == 0 {
+                continue;
+            }
+            e.events = ev;
+        }
+        put(out, e);
+        out += 1;
+    }
+    out
 }
 
 /// How long a wait over direct connections sleeps: what is left of the

@@ -9,10 +9,12 @@ use super::{finish_pending, Done, Resolved};
 use crate::channel::Role;
 use crate::conn::Conn;
 use crate::direct::Heard;
+use crate::errno::{errno, set_errno};
 use crate::exchange::wait_for;
 use crate::log::log_line;
-use crate::pending::{Granting, Pend, Pending};
-use libc::c_int;
+use crate::pending::{held_events, Granting, Pend, Pending};
+use crate::{real, table};
+use libc::{c_int, epoll_event};
 use std::sync::{Arc, MutexGuard};
 use std::time::Instant;
 
@@ -57,7 +59,31 @@ pub(super) fn keep(fd: c_int, p: &Pending, stage: &mut Pend, g: Granting) {
     let relay = g.asked.relay_fd();
     *p.granting.lock().unwrap_or_else(|e| e.into_inner()) = Some(g);
     *stage = Pend::Granting;
-    crate::bell::granting_joins_epolls(fd, relay);
+    crate::bell::granting_in_epolls(fd, relay, libc::EPOLL_CTL_ADD);
+    hold_writes(fd, true);
+}
+
+/// Registers `fd` in the program's epolls as the program asked, but for
+/// its writability while `holding` ([`held_events`]).
+fn hold_writes(fd: c_int, holding: bool) {
+    let e = errno();
+    for (epfd, i) in table::epoll_regs_without_bell(fd) {
+        if held_events(i.events) == i.events {
+            continue;
+        }
+        let mut ev = epoll_event {
+            events: if holding {
+                held_events(i.events)
+            } else {
+                i.events
+            },
+            u64: i.data,
+        };
+        // SAFETY: a plain epoll_ctl on the program's epoll and its own
+        // descriptor, registered there, with an event on the stack.
+        unsafe { real::epoll_ctl()(epfd, libc::EPOLL_CTL_MOD, fd, &mut ev) };
+    }
+    set_errno(e);
 }
 
 /// Looks at an accepted connection's direct request without waiting: its
@@ -66,11 +92,21 @@ pub(super) fn keep(fd: c_int, p: &Pending, stage: &mut Pend, g: Granting) {
 /// whose listen was kept ready, with one log line.
 fn step(fd: c_int, p: &Pending) -> Option<Done> {
     let mut slot = p.granting.lock().unwrap_or_else(|e| e.into_inner());
-    let Granting { asked, ch, bell } = slot.take()?;
+    let Granting {
+        asked,
+        ch,
+        bell,
+        forks,
+    } = slot.take()?;
     let relay = asked.relay_fd();
     let heard = match crate::direct::try_granted(asked) {
         Ok(Heard::Waiting(asked)) => {
-            *slot = Some(Granting { asked, ch, bell });
+            *slot = Some(Granting {
+                asked,
+                ch,
+                bell,
+                forks,
+            });
             return None;
         }
         Ok(Heard::Granted(d)) => Ok(d),
@@ -78,7 +114,8 @@ fn step(fd: c_int, p: &Pending) -> Option<Done> {
     };
     // The request's socket leaves the program's epolls before it closes
     // or stays with the direct connection, which is watched on its own.
-    crate::bell::granting_leaves_epolls(fd, relay);
+    crate::bell::granting_in_epolls(fd, relay, libc::EPOLL_CTL_DEL);
+    hold_writes(fd, false);
     match heard {
         Ok(d) => {
             // The relayed listen is not needed: its socket and region go.

@@ -210,6 +210,7 @@ fn workload_round_through_both_machines() {
         services: Vec::new(),
         last_error: None,
         data_window_ns: None,
+        evidence: Vec::new(),
     };
     assert_eq!(
         wire_reply(&agent.workload_alive().unwrap()),

@@ -267,13 +267,34 @@ fn an_open_takes_only_the_connection_waiting_with_its_key() {
             (Kind::OpenOk, 0x8000_0002)
         ]
     );
-    let (c, _) = take.try_recv().unwrap();
+    let (c, _) = take.try_recv().unwrap().expect("the connection");
     assert_eq!(c.id, 0x8000_0002);
     assert!(hub.pending().is_empty());
     // An OPEN with one of this end's own ids is a fault.
     let own = frame::frame(Kind::Open, 3, &[5u8; frame::KEY_BYTES]);
     let e = reader(&link, &hub, &mut script(&[own])).unwrap_err();
     assert!(e.to_string().contains("an id of this end"), "{e}");
+}
+
+#[test]
+fn a_listen_whose_connection_went_direct_ends_at_once_and_takes_no_open() {
+    let (link, rx) = link();
+    let hub = hub();
+    let (give, take) = mpsc::sync_channel(1);
+    hub.register([5u8; frame::KEY_BYTES], Pending { ends: ends(), give })
+        .unwrap();
+    hub.went_direct(&[5u8; frame::KEY_BYTES]);
+    assert!(matches!(take.try_recv(), Ok(None)), "told at once");
+    assert!(hub.pending().is_empty());
+    // Another key's grant ends nothing.
+    hub.went_direct(&[6u8; frame::KEY_BYTES]);
+    // An OPEN for it now is refused: nothing waits with its key.
+    let mut s = script(&[
+        frame::frame(Kind::Open, 0x8000_0001, &[5u8; frame::KEY_BYTES]),
+        close(),
+    ]);
+    reader(&link, &hub, &mut s).unwrap();
+    assert_eq!(sent(&rx), [(Kind::OpenRefused, 0x8000_0001)]);
 }
 
 /// A flow's sending half that keeps what it is given.

@@ -488,6 +488,7 @@ mod tests {
             Kind::Ack,
             Kind::Probe,
             Kind::Fin,
+            Kind::Reset,
         ];
         for now in 0..20_000u64 {
             let r = next();

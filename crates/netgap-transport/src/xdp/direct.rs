@@ -27,6 +27,16 @@
 //! are dropped and counted ([`DirectStats::refused_frames`]), never
 //! delivered.
 //!
+//! A close ends the connection as the kernel ends a TCP connection: in
+//! order (the closing frame after every byte sent, acknowledged within
+//! [`CLOSE_LINGER`]) when nothing is left unread, else with a reset
+//! ([`DirectConn::reset`]): a close with bytes unread, bytes arriving
+//! after the close, and a close that cannot finish within its linger (the
+//! opening never answered, what it sent unacknowledged) all reset it, so
+//! the peer learns at once ([`DirectError::Reset`], `ECONNRESET`) instead
+//! of waiting out [`PEER_SILENCE_LIMIT`]. A close before the opening was
+//! answered lingers for the opening, then ends in order.
+//!
 //! Frames are sealed from the opening on: both programs hold the
 //! connection's key before the first frame, and the direction keys are
 //! derived from it under a label of their own
@@ -65,6 +75,12 @@ pub const PEER_SILENCE_LIMIT: Duration = Duration::from_secs(10);
 /// what it sent before to be acknowledged, at most (the flow engine's own
 /// linger).
 pub const CLOSE_LINGER: Duration = Duration::from_millis(300);
+/// How long a close before the opening was answered waits for it, at
+/// most (a caller that runs the linger itself): the peer's library opens
+/// its end when its relay's grant comes, which a busy host may delay past
+/// [`CLOSE_LINGER`]; answered, the opening lets the close end in order,
+/// or with a reset the peer is sure to take.
+pub const OPENING_LINGER: Duration = Duration::from_secs(2);
 /// Bytes this end's receiver holds unread at most.
 const WINDOW_BYTES: usize = 1 << 20;
 
@@ -110,6 +126,10 @@ pub enum DirectError {
     /// This end shut its sending down (`EPIPE`).
     #[error("the direct connection's sending was shut down")]
     Closed,
+    /// The connection was reset, by the peer or by this end's close
+    /// (`ECONNRESET`).
+    #[error("the direct connection was reset")]
+    Reset,
     /// The peer stopped answering while this end waited on it
     /// (`ETIMEDOUT`).
     #[error("the peer of the direct connection was silent for {timeout_ms} ms")]
@@ -160,6 +180,7 @@ impl From<FlowError> for DirectError {
     fn from(e: FlowError) -> DirectError {
         match e {
             FlowError::TimedOut { timeout_ms } => DirectError::Timeout { timeout_ms },
+            FlowError::Closed => DirectError::Reset,
             FlowError::Io(e) => DirectError::Io(e),
             other => DirectError::Io(io::Error::other(other.to_string())),
         }
@@ -203,6 +224,10 @@ pub struct DirectStats {
     /// Frames sent again (after a timeout, or to fill a hole the peer
     /// showed).
     pub retransmissions: u64,
+    /// Retransmission timeouts that expired: losses no later arrival
+    /// revealed, each recovered only after a wait of at least the
+    /// retransmission timeout.
+    pub timeouts: u64,
     /// Bytes the program handed to the connection.
     pub bytes_sent: u64,
     /// Bytes the program read from it.
@@ -359,6 +384,9 @@ impl DirectConn {
                 timeout_ms: PEER_SILENCE_LIMIT.as_millis(),
             });
         }
+        if s.reset_by_peer || s.reset_sent {
+            return Err(DirectError::Reset);
+        }
         Ok(())
     }
 
@@ -397,12 +425,25 @@ impl DirectConn {
         drop(self);
     }
 
-    /// Starts an orderly close and returns at once: the closing frame
-    /// goes after what was sent (now if credit allows, else from a later
-    /// pump). A caller that runs the linger itself (a progress thread)
-    /// pumps with [`DirectConn::close_settled`] until it is over, then
-    /// calls [`DirectConn::end_linger`] before dropping the connection.
+    /// Starts a close and returns at once: with bytes unread, a reset (as
+    /// the kernel's close with unread data); else the closing frame after
+    /// what was sent (now if credit allows, else from a later pump, after
+    /// the opening if it is still unanswered). A caller that runs the
+    /// linger itself (a progress thread) pumps with
+    /// [`DirectConn::close_settled`] until it is over, gives it up with
+    /// [`DirectConn::give_up_close`] when its time passed, then calls
+    /// [`DirectConn::end_linger`] before dropping the connection.
     pub fn start_close(&self) -> Result<(), DirectError> {
+        let s = self.port.fixed_state(self.id, true)?;
+        if s.reset_by_peer || s.reset_sent || s.silent {
+            // Over already: nothing to end.
+            self.write_shut.store(true, Ordering::Relaxed);
+            return Ok(());
+        }
+        if s.ready_bytes > 0 {
+            self.reset();
+            return Ok(());
+        }
         if self.write_shut.swap(true, Ordering::Relaxed) {
             return Ok(());
         }
@@ -410,14 +451,47 @@ impl DirectConn {
         Ok(())
     }
 
+    /// Ends the connection at once with a reset, as the kernel's close
+    /// does with bytes unread (or `SO_LINGER` of 0): what was not
+    /// delivered is dropped, and the peer's calls fail with
+    /// `ECONNRESET` as soon as the reset arrives. Nothing if the
+    /// connection was reset or given up already.
+    pub fn reset(&self) {
+        self.write_shut.store(true, Ordering::Relaxed);
+        let _ = self.port.fixed_reset(self.id);
+    }
+
     /// One pump of a started close: whether its linger is over (the
     /// closing frame and everything before it acknowledged, the peer given
-    /// up, or the session gone). Never blocks.
+    /// up, the connection reset, or the session gone). Bytes that arrived
+    /// since the close are never read: they reset the connection, as the
+    /// kernel resets a closed socket that receives data. Never blocks.
     pub fn close_settled(&self) -> bool {
         match self.port.fixed_state(self.id, true) {
-            Ok(s) => !s.open || s.all_acknowledged || s.silent,
+            Ok(s) if s.reset_sent || s.reset_by_peer || s.silent => true,
+            Ok(s) if s.ready_bytes > 0 => {
+                self.reset();
+                true
+            }
+            Ok(s) => s.all_acknowledged,
             Err(_) => true,
         }
+    }
+
+    /// The linger's time passed: a close that did not settle (the opening
+    /// never answered, or what it sent unacknowledged) resets the
+    /// connection, so the peer is told rather than left to wait out its
+    /// silence limit.
+    pub fn give_up_close(&self) {
+        if !self.close_settled() {
+            self.reset();
+        }
+    }
+
+    /// Whether the opening was answered (the handshake is done). Reads no
+    /// ring.
+    pub fn is_open(&self) -> bool {
+        self.port.fixed_state(self.id, false).is_ok_and(|s| s.open)
     }
 
     /// The close's linger is over (run by the caller, or given up):
@@ -436,6 +510,7 @@ impl DirectConn {
             frames_sent: stats.datagrams_sent,
             frames_received: stats.datagrams_received,
             retransmissions: stats.retries,
+            timeouts: c.map_or(0, |c| c.timeouts),
             bytes_sent: self.bytes_sent.load(Ordering::Relaxed),
             bytes_received: self.bytes_received.load(Ordering::Relaxed),
         }
@@ -446,15 +521,17 @@ impl DirectConn {
     /// peer is given up, or [`CLOSE_LINGER`] passed. Sleeps in poll on the
     /// socket between pumps, never spins.
     fn linger(&self) {
-        if !self.write_shut.swap(true, Ordering::Relaxed)
-            && self.port.fixed_shutdown(self.id).is_err()
-        {
+        if self.start_close().is_err() {
             return;
         }
         let t0 = Instant::now();
         while let Ok(s) = self.port.fixed_state(self.id, true) {
             let left = CLOSE_LINGER.saturating_sub(t0.elapsed());
-            if !s.open || s.all_acknowledged || s.silent || left.is_zero() {
+            if self.close_settled() {
+                return;
+            }
+            if left.is_zero() {
+                self.give_up_close();
                 return;
             }
             let sleep = s
@@ -487,7 +564,7 @@ impl Drop for DirectConn {
 /// Readiness from a session's state and whether this end shut its
 /// sending down.
 fn readiness_of(s: &FixedState, write_shut: bool) -> Readiness {
-    if s.silent {
+    if s.silent || s.reset_by_peer || s.reset_sent {
         return Readiness {
             readable: true,
             writable: true,
@@ -821,6 +898,134 @@ mod tests {
         drop(a);
     }
 
+    /// Waits until `c`'s calls fail with a reset; how long it took.
+    fn until_reset(c: &DirectConn) -> Duration {
+        let t0 = Instant::now();
+        loop {
+            match c.pump() {
+                Err(DirectError::Reset) => return t0.elapsed(),
+                Ok(()) => {}
+                Err(e) => panic!("pump: {e}"),
+            }
+            assert!(t0.elapsed() < PATIENCE, "never reset");
+            wait(c);
+        }
+    }
+
+    /// A regression test: a close before the opening was answered (an
+    /// acceptor whose program closed at once) sent nothing, and its peer
+    /// waited out the silence limit for an answer that never came. A
+    /// close with bytes unread resets the connection, as the kernel's
+    /// does, and so does a close that could not finish: the peer's calls
+    /// fail with a reset at once, its reads and writes alike, and the
+    /// closing end's linger is over.
+    #[test]
+    fn a_close_with_bytes_unread_or_before_the_opening_resets_the_peer_at_once() {
+        let Some(bed) = bed("r") else { return };
+        let (a, b) = bed.pair();
+        ping_pong(&a, &b, 1);
+        send_all(&a, b"unread");
+        let t0 = Instant::now();
+        while !b.readiness().readable {
+            assert!(t0.elapsed() < PATIENCE, "the bytes never arrived");
+            wait(&b);
+        }
+        // What b sent before its close is still read before the reset, as
+        // the kernel's reads take it.
+        send_all(&b, b"tail");
+        b.start_close().unwrap();
+        assert!(b.close_settled(), "a reset needs no linger");
+        let waited = until_reset(&a);
+        assert!(waited < Duration::from_secs(2), "{waited:?}");
+        let mut buf = [0u8; 8];
+        assert!(matches!(a.try_recv(&mut buf), Ok(4)), "{buf:?}");
+        assert_eq!(&buf[..4], b"tail");
+        assert!(matches!(a.try_recv(&mut buf), Err(DirectError::Reset)));
+        assert!(matches!(a.try_send(b"x"), Err(DirectError::Reset)));
+        let r = a.readiness();
+        assert!(r.error && r.hang_up && r.readable, "{r:?}");
+        // The reset peer's own close is over at once, and says nothing back.
+        a.start_close().unwrap();
+        assert!(a.close_settled());
+        drop((a, b, bed));
+
+        // The acceptor's program closes before the connector's opening
+        // came; the close's linger passes unfinished, and the connector is
+        // told. (Hosts of their own: a socket just closed may hold its
+        // queue a moment longer.)
+        let Some(bed) = self::bed("r2") else { return };
+        let (a, b) = {
+            let b = bed.hand(false, |p| DirectConn::open(p, setup_of(false)).unwrap());
+            b.start_close().unwrap();
+            assert!(!b.close_settled(), "a close waits for the opening first");
+            let a = bed.hand(true, |p| DirectConn::open(p, setup_of(true)).unwrap());
+            (a, b)
+        };
+        b.give_up_close();
+        assert!(b.close_settled());
+        let waited = until_reset(&a);
+        assert!(waited < Duration::from_secs(2), "{waited:?}");
+        assert!(matches!(a.try_send(b"x"), Err(DirectError::Reset)));
+    }
+
+    /// A close before the opening still answers an opening that comes
+    /// after [`CLOSE_LINGER`] (a caller lingers up to [`OPENING_LINGER`]
+    /// for it): the connector opens, and the bytes it sends to the closed
+    /// end reset the connection, as the kernel resets a closed socket that
+    /// receives data, so the connector learns at once.
+    #[test]
+    fn a_close_before_the_opening_answers_a_late_one_and_resets_the_bytes_that_follow() {
+        let Some(bed) = bed("l") else { return };
+        let b = bed.hand(false, |p| DirectConn::open(p, setup_of(false)).unwrap());
+        b.start_close().unwrap();
+        let t0 = Instant::now();
+        while t0.elapsed() < CLOSE_LINGER + Duration::from_millis(100) {
+            assert!(!b.close_settled(), "settled with nobody there");
+            wait(&b);
+        }
+        let a = bed.hand(true, |p| DirectConn::open(p, setup_of(true)).unwrap());
+        let t1 = Instant::now();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                while !b.close_settled() {
+                    assert!(t1.elapsed() < OPENING_LINGER, "the close never settled");
+                    wait(&b);
+                }
+            });
+            send_all(&a, b"late");
+            let waited = until_reset(&a);
+            assert!(waited < Duration::from_secs(2), "{waited:?}");
+        });
+        assert!(matches!(a.try_send(b"x"), Err(DirectError::Reset)));
+    }
+
+    /// Until its opening is answered a connection's next timer is the
+    /// connector's opening again or the silence limit, never due at once:
+    /// a waiter sleeps until the peer's opening arrives, not in a spin of
+    /// zero-length waits.
+    #[test]
+    fn a_connection_waiting_for_its_opening_has_no_timer_due_at_once() {
+        let Some(bed) = bed("o") else { return };
+        // The connector first: its opening goes to an acceptor not there
+        // yet, and goes again within 50 ms.
+        let a = bed.hand(true, |p| DirectConn::open(p, setup_of(true)).unwrap());
+        for _ in 0..3 {
+            a.pump().unwrap();
+            let t = a.next_timer().expect("the opening again");
+            assert!(
+                t > Duration::ZERO && t <= Duration::from_millis(50),
+                "{t:?}"
+            );
+        }
+        let b = bed.hand(false, |p| DirectConn::open(p, setup_of(false)).unwrap());
+        b.pump().unwrap();
+        if !b.readiness().writable {
+            let t = b.next_timer().expect("the silence limit");
+            assert!(t > Duration::from_secs(1), "{t:?}");
+        }
+        ping_pong(&a, &b, 10);
+    }
+
     #[test]
     fn a_direct_connection_is_send_and_sync() {
         fn both<T: Send + Sync>() {}
@@ -985,6 +1190,9 @@ mod tests {
         send_raw(&mut raw, A_MAC, h(Kind::Syn, B_FLOW, A_FLOW + 1));
         send_raw(&mut raw, A_MAC, h(Kind::Syn, B_FLOW, A_FLOW));
         send_raw(&mut raw, A_MAC, h(Kind::Data, B_FLOW, A_FLOW));
+        // An unsealed reset from the peer's own MAC and flow: a stranger's
+        // reset must not end the connection.
+        send_raw(&mut raw, A_MAC, h(Kind::Reset, B_FLOW, A_FLOW));
         let t0 = Instant::now();
         while t0.elapsed() < Duration::from_millis(300) {
             let mut buf = [0u8; 16];
@@ -995,7 +1203,8 @@ mod tests {
         }
         assert_eq!(bed.steerings[1].drops().unwrap() - steered_before, 2);
         let st = b.stats();
-        assert_eq!(st.refused_frames, 3, "{st:?}");
+        assert_eq!(st.refused_frames, 4, "{st:?}");
+        assert!(b.pump().is_ok(), "a forged reset ended the connection");
         assert_eq!((st.frames_received, st.bytes_received), (0, 0));
     }
 
@@ -1030,6 +1239,12 @@ mod tests {
         assert!(matches!(a.try_send(b"x"), Err(DirectError::Timeout { .. })));
         let r = a.readiness();
         assert!(r.error && r.hang_up && r.readable);
+        // Nothing came back to show a hole: every frame sent again went
+        // on the retransmission timer, and the counts say so.
+        let s = a.stats();
+        assert!(s.timeouts >= 1, "{s:?}");
+        assert_eq!(s.retransmissions, s.timeouts, "{s:?}");
+        assert_eq!(s.kernel_drops, 0, "{s:?}");
     }
 
     /// A forked child that drops the connection it never used sends

@@ -251,7 +251,7 @@ impl Transport for Xdp {
             // programs through their hosts' relays, over this transport.
             programs: crate::Programs::LibraryWithRelay,
             framing: Some(crate::Framing::Xdp),
-            ..Capabilities::cross_host_stream(&[])
+            ..Capabilities::cross_host_stream(crate::options::XDP)
         }
     }
 

@@ -84,7 +84,7 @@ pub(super) fn open_client(
         };
         Some(GatherChild {
             library,
-            stack: spec.point.transport.clone(),
+            stack: crate::preload::LibraryStack::of(&spec.point),
             dir,
             job,
             relay,
@@ -230,6 +230,7 @@ impl Totals {
                 services: Vec::new(),
                 last_error: None,
                 data_window_ns: None,
+                evidence: Vec::new(),
             },
         }
     }

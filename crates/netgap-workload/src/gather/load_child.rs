@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 /// The gatherer's child process under the preload library, to start.
 pub(super) struct GatherChild {
     pub(super) library: std::path::PathBuf,
-    /// The library's stack (`shm` or `xdp`).
-    pub(super) stack: String,
+    /// The library's stack (`shm` or `xdp`), direct or not.
+    pub(super) stack: crate::preload::LibraryStack,
     /// The child's run directory.
     pub(super) dir: RunDir,
     pub(super) job: GatherJob,
@@ -158,6 +158,7 @@ pub(super) fn gather_in_child(child: GatherChild, stop: &Stop) -> Result<RoleRes
     let mut report: GatherReport =
         serde_json::from_slice(&out).map_err(|e| refused(format!("the gatherer's report: {e}")))?;
     report.outcome.cpu = cpu;
+    report.outcome.evidence = crate::web::load_child::child_evidence(&log);
     let m = &mut report.outcome.metrics;
     for (k, v) in log.record_metrics() {
         m.insert(k.into(), v);

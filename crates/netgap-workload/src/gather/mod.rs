@@ -118,6 +118,16 @@ impl Workload for Gather {
         8 * 1024
     }
 
+    fn wrapped_programs(&self) -> Option<&'static str> {
+        Some("gather --responder gmond")
+    }
+
+    /// gmond and the gatherer, under the library over shm or xdp.
+    fn wraps_programs(&self, spec: &PointSpec, args: &WorkloadArgs) -> bool {
+        args.str("responder") == Some("gmond")
+            && netgap_transport::programs(&spec.transport).under_library()
+    }
+
     /// The built-in responder needs a transport with connections that
     /// crosses hosts.
     fn check(&self, spec: &PointSpec, transport: &dyn Transport) -> Result<(), Refused> {

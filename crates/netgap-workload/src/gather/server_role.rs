@@ -65,7 +65,8 @@ pub(super) fn open_server(
             }
             let mut dir = RunDir::new(ctx.dirs, gmond::NAME).map_err(refused)?;
             if p.preload {
-                dir.preload(&ctx.spec.point.transport).map_err(refused)?;
+                dir.preload(&crate::preload::LibraryStack::of(&ctx.spec.point))
+                    .map_err(refused)?;
             }
             let relay = if p.preload
                 && netgap_transport::programs(&ctx.spec.point.transport)
@@ -176,7 +177,7 @@ impl ReadyRole for ServerRole {
         } = *self;
         let t0 = Instant::now();
         let end = t0 + warmup + duration + SERVER_GRACE;
-        let (cpu, services, sent) = match serving {
+        let (cpu, services, sent, evidence) = match serving {
             Serving::Gmond(running, relay) => {
                 // gmond answers the gathers (and the relay carries them
                 // under -t xdp): their processes' CPU is the role's.
@@ -186,9 +187,10 @@ impl ReadyRole for ServerRole {
                     });
                 stop.sleep_until(end);
                 let record = running.record().clone();
+                let evidence = running.evidence(None);
                 drop(running);
                 drop(relay);
-                (cpu, vec![record], 0)
+                (cpu, vec![record], 0, evidence)
             }
             Serving::Builtin {
                 mut listener,
@@ -198,7 +200,7 @@ impl ReadyRole for ServerRole {
                 let (cpu, (_, sent)) = metered(t0, warmup, duration, &stop, || {
                     respond(listener.as_mut(), &answer, &token, end, &stop)
                 })?;
-                (cpu, Vec::new(), sent)
+                (cpu, Vec::new(), sent, Vec::new())
             }
         };
         Ok(RoleResult {
@@ -216,6 +218,7 @@ impl ReadyRole for ServerRole {
                 services,
                 last_error: None,
                 data_window_ns: None,
+                evidence,
             },
         })
     }

@@ -200,6 +200,7 @@ fn summary(c: &Common, moved: &[Vec<client::Moved>]) -> Result<RoleResult, RoleE
             services: Vec::new(),
             last_error: None,
             data_window_ns: None,
+            evidence: Vec::new(),
         },
     })
 }

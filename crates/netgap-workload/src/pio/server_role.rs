@@ -153,6 +153,7 @@ impl ReadyRole for ServerReady {
                 services: Vec::new(),
                 last_error: None,
                 data_window_ns: None,
+                evidence: Vec::new(),
             },
         })
     }

@@ -316,6 +316,16 @@ impl Workload for Pipeline {
         Ok(())
     }
 
+    fn wrapped_programs(&self) -> Option<&'static str> {
+        Some("pipeline --stages program")
+    }
+
+    /// The stages' program, under the library over shm or xdp.
+    fn wraps_programs(&self, spec: &PointSpec, args: &WorkloadArgs) -> bool {
+        args.str("stages") == Some("program")
+            && netgap_transport::programs(&spec.transport).under_library()
+    }
+
     fn params(&self, spec: &PointSpec, args: &WorkloadArgs) -> serde_json::Value {
         let preset = args.str("preset").unwrap_or("vm").to_string();
         let n = |flag: &str, default: u64| args.u64(flag).unwrap_or(default);

@@ -113,10 +113,10 @@ pub(super) fn open_program(
     params: PipeParams,
     graph: Graph,
 ) -> Result<Box<dyn OpenRole>, RoleError> {
-    let stack = ctx.spec.point.transport.clone();
-    let programs = netgap_transport::programs(&stack);
+    let stack = crate::preload::LibraryStack::of(&ctx.spec.point);
+    let programs = netgap_transport::programs(&stack.name);
     if programs == Programs::No {
-        return Err(refused(no_programs(&stack)));
+        return Err(refused(no_programs(&stack.name)));
     }
     let library = if programs.under_library() {
         Some(crate::preload::library_path().map_err(refused)?)
@@ -177,7 +177,7 @@ pub(super) fn open_program(
 /// What the record says of the program: its stack, the library it ran
 /// under, the relay, and the copies it held.
 fn facts(
-    stack: &str,
+    stack: &crate::preload::LibraryStack,
     library: Option<&Path>,
     relay: Option<&RelayGuard>,
     params: &PipeParams,
@@ -263,9 +263,15 @@ impl ReadyRole for ProgramRole {
         let mut report = *report;
         report.outcome.cpu = started.usage_to(&ended);
         if let Some(log) = &self.log {
-            for (k, v) in read_log(log).record_metrics() {
+            let summary = LogSummary::read(log);
+            for (k, v) in summary.record_metrics() {
                 report.outcome.metrics.insert(k.into(), v);
             }
+            report.outcome.evidence = summary
+                .notes
+                .iter()
+                .map(|l| crate::service::evidence_line("the stages' preload.log", l))
+                .collect();
         }
         report.outcome.services = vec![self.service.clone()];
         Ok(RoleResult {
@@ -274,15 +280,6 @@ impl ReadyRole for ProgramRole {
             outcome: report.outcome,
         })
     }
-}
-
-/// What the library's log says, read through its descriptor.
-fn read_log(log: &std::fs::File) -> LogSummary {
-    use std::os::unix::fs::FileExt as _;
-    let len = log.metadata().map_or(0, |m| m.len()).min(16 << 20);
-    let mut buf = vec![0u8; usize::try_from(len).unwrap_or(0)];
-    let n = log.read_at(&mut buf, 0).unwrap_or(0);
-    LogSummary::parse(&String::from_utf8_lossy(&buf[..n]))
 }
 
 /// The stages' program, running in a process group of its own, tethered
@@ -306,7 +303,7 @@ impl StagesChild {
     /// hands it `job`.
     fn start(
         library: Option<&Path>,
-        stack: &str,
+        stack: &crate::preload::LibraryStack,
         dir: &RunDir,
         job: &StagesJob,
     ) -> Result<StagesChild, RoleError> {
@@ -320,9 +317,7 @@ impl StagesChild {
             });
         let mut cmd = crate::tether::command_in_group(&exe, &[COMMAND], run_as);
         if let Some(library) = library {
-            cmd.env("LD_PRELOAD", crate::preload::preload_value(library))
-                .env(crate::preload::STACK_ENV, stack)
-                .env("NETGAP_PRELOAD_LOG", dir.path().join("preload.log"));
+            cmd.envs(stack.env(library, &dir.path().join("preload.log")));
         }
         cmd.stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
@@ -595,6 +590,7 @@ mod tests {
                 services: Vec::new(),
                 last_error: None,
                 data_window_ns: None,
+                evidence: Vec::new(),
             },
         };
         for said in [
@@ -626,7 +622,16 @@ mod tests {
         }))
         .unwrap();
         let lib = Path::new("/opt/libnetgap_preload.so");
-        let f = facts("shm", Some(lib), None, &params, &job());
+        let stack = |name: &str, direct: bool| crate::preload::LibraryStack {
+            name: name.into(),
+            direct,
+        };
+        let f = facts(&stack("xdp", true), Some(lib), None, &params, &job());
+        assert_eq!(
+            f["sockets"],
+            "kernel TCP sockets under the preload library, stack xdp with direct connections"
+        );
+        let f = facts(&stack("shm", false), Some(lib), None, &params, &job());
         assert_eq!(
             f["sockets"],
             "kernel TCP sockets under the preload library, stack shm"
@@ -636,7 +641,7 @@ mod tests {
         assert_eq!(f["listen_ip"], "10.77.0.2");
         assert!(!f.contains_key("relay"));
         params.staged = None;
-        let f = facts("tcp", None, None, &params, &job());
+        let f = facts(&stack("tcp", false), None, None, &params, &job());
         assert_eq!(f["sockets"], "kernel TCP sockets");
         assert!(!f.contains_key("library") && !f.contains_key("copies"));
     }

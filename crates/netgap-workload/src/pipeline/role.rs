@@ -234,6 +234,7 @@ impl ReadyRole for PipeReady {
                 services: Vec::new(),
                 last_error: None,
                 data_window_ns: None,
+                evidence: Vec::new(),
             },
             flows,
         })

@@ -25,6 +25,7 @@ pub(crate) mod user;
 
 use crate::confined::{AgentDirs, Dir};
 use netgap_core::record::ServiceRecord;
+use netgap_proto::workload::{MAX_OUTCOME_EVIDENCE_LINES, MAX_OUTCOME_EVIDENCE_LINE_BYTES};
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -166,6 +167,9 @@ pub(crate) struct RunDir {
     _agent: Arc<Dir>,
     /// Environment the program starts with ([`RunDir::preload`]).
     env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
+    /// The preload library's log, when the program runs under it
+    /// ([`RunDir::preload`]), read through this descriptor.
+    library_log: Option<File>,
 }
 
 impl RunDir {
@@ -185,6 +189,7 @@ impl RunDir {
             user,
             _agent: agent,
             env: Vec::new(),
+            library_log: None,
         })
     }
 
@@ -261,22 +266,20 @@ impl RunDir {
     }
 
     /// Runs the program under netgap's preload sockets library for
-    /// `stack` (`shm`, or `xdp`: also through the host's relay): it starts
-    /// with `LD_PRELOAD` naming the library, the stack, and the library's
-    /// log in this directory (`preload.log`, the program's user's).
-    /// Refused in one line when the library is missing.
-    pub(crate) fn preload(&mut self, stack: &str) -> Result<(), ServiceError> {
+    /// `stack` (`shm`, or `xdp`: also through the host's relay, directly
+    /// when it asks): it starts with the library's environment
+    /// ([`crate::preload::LibraryStack::env`]), its log in this directory
+    /// (`preload.log`, the program's user's). Refused in one line when the
+    /// library is missing.
+    pub(crate) fn preload(
+        &mut self,
+        stack: &crate::preload::LibraryStack,
+    ) -> Result<(), ServiceError> {
         let library =
             crate::preload::library_path().map_err(|e| ServiceError::Refused(e.to_string()))?;
-        self.service_file("preload.log")?;
+        self.library_log = Some(self.service_file("preload.log")?);
         self.env
-            .push(("LD_PRELOAD".into(), crate::preload::preload_value(&library)));
-        self.env
-            .push((crate::preload::STACK_ENV.into(), stack.into()));
-        self.env.push((
-            "NETGAP_PRELOAD_LOG".into(),
-            self.dir.path().join("preload.log").into_os_string(),
-        ));
+            .extend(stack.env(&library, &self.dir.path().join("preload.log")));
         Ok(())
     }
 
@@ -300,6 +303,12 @@ fn confined_err(e: crate::confined::ConfinedError) -> ServiceError {
 /// The last non-empty lines of a log read through its descriptor (from
 /// its last 64 KiB), joined, for an error.
 fn tail_of(file: &File) -> String {
+    last_lines(file, 3).join(" | ")
+}
+
+/// The last `most` non-empty lines of a log read through its descriptor
+/// (from its last 64 KiB), in its order.
+fn last_lines(file: &File, most: usize) -> Vec<String> {
     use std::os::unix::fs::FileExt;
     const WINDOW: u64 = 64 * 1024;
     let len = file.metadata().map_or(0, |m| m.len());
@@ -308,8 +317,27 @@ fn tail_of(file: &File) -> String {
     let n = file.read_at(&mut buf, start).unwrap_or(0);
     let text = String::from_utf8_lossy(&buf[..n]);
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-    lines[lines.len().saturating_sub(3)..].join(" | ")
+    lines[lines.len().saturating_sub(most)..]
+        .iter()
+        .map(|l| (*l).to_string())
+        .collect()
 }
+
+/// One line of a role's evidence (`WorkloadOutcome::evidence`): `line`
+/// of the log `log`, cut on a character's edge to what an outcome may
+/// carry.
+pub(crate) fn evidence_line(log: &str, line: &str) -> String {
+    format!("{log}: {line}")
+        .char_indices()
+        .take_while(|(i, c)| i + c.len_utf8() <= MAX_OUTCOME_EVIDENCE_LINE_BYTES)
+        .map(|(_, c)| c)
+        .collect()
+}
+
+/// Lines of a server's own error log in its evidence.
+const EVIDENCE_ERROR_LOG_LINES: usize = 4;
+/// Lines of a program's output (its stdout and stderr) in its evidence.
+const EVIDENCE_OUTPUT_LINES: usize = 1;
 
 /// An installed program: its path and version line.
 #[derive(Debug, Clone)]
@@ -410,6 +438,8 @@ pub(crate) struct Running {
     pgid: i32,
     /// The program's exit status, from the thread that keeps it.
     exited: mpsc::Receiver<ExitStatus>,
+    /// That status, once taken from `exited`.
+    exit: std::sync::Mutex<Option<ExitStatus>>,
     /// What the record says of it.
     record: ServiceRecord,
     /// The program's log (its stdout and stderr) in the run directory,
@@ -492,6 +522,7 @@ impl Running {
             stop_signal: launch.stop_signal,
             pgid: i32::try_from(pid).unwrap_or(i32::MAX),
             exited,
+            exit: std::sync::Mutex::new(None),
             record,
             log,
             dir,
@@ -511,6 +542,48 @@ impl Running {
     /// The run directory.
     pub(crate) fn dir(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// What the program's logs say at the end of a repetition, for the
+    /// coordinator to show with a point whose transactions failed: its exit
+    /// status if it ended, the last lines of `error_log` (the program's
+    /// own, made with [`RunDir::service_file`]) and of its output, and the
+    /// preload library's notes ([`crate::preload::LogSummary::notes`]) when
+    /// it runs under the library; at most [`MAX_OUTCOME_EVIDENCE_LINES`],
+    /// each naming its log. Read through the descriptors the agent kept.
+    pub(crate) fn evidence(&self, error_log: Option<&File>) -> Vec<String> {
+        let mut lines = Vec::new();
+        if let Some(status) = self.exit_status() {
+            let ended = format!("exited before the run's end ({status})");
+            lines.push(evidence_line(self.name, &ended));
+        }
+        if let Some(f) = error_log {
+            for l in last_lines(f, EVIDENCE_ERROR_LOG_LINES) {
+                lines.push(evidence_line("error.log", &l));
+            }
+        }
+        for l in last_lines(&self.log, EVIDENCE_OUTPUT_LINES) {
+            lines.push(evidence_line(&format!("{} output", self.name), &l));
+        }
+        if let Some(f) = &self.dir.library_log {
+            for l in crate::preload::LogSummary::read(f).notes {
+                lines.push(evidence_line("preload.log", &l));
+            }
+        }
+        lines.truncate(MAX_OUTCOME_EVIDENCE_LINES);
+        lines
+    }
+
+    /// The program's exit status, if it exited.
+    fn exit_status(&self) -> Option<ExitStatus> {
+        let mut seen = self
+            .exit
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if seen.is_none() {
+            *seen = self.exited.try_recv().ok();
+        }
+        *seen
     }
 
     /// The last lines of the program's log, for an error.
@@ -547,7 +620,7 @@ impl Running {
         };
         let mut last;
         loop {
-            if let Ok(status) = self.exited.try_recv() {
+            if let Some(status) = self.exit_status() {
                 return Err(ServiceError::Exited {
                     name: self.name,
                     status: status.to_string(),
@@ -593,7 +666,7 @@ impl Running {
 impl Drop for Running {
     fn drop(&mut self) {
         self.signal(self.stop_signal);
-        let ended = self.exited.recv_timeout(STOP_TIMEOUT).is_ok();
+        let ended = self.exit_status().is_some() || self.exited.recv_timeout(STOP_TIMEOUT).is_ok();
         // Workers the program left behind (or a program that did not
         // stop) go with the whole group.
         self.signal(libc::SIGKILL);
@@ -798,6 +871,81 @@ mod tests {
         let _ = sh.kill();
         sh.wait().unwrap();
         assert!(ns >= 50_000_000, "{ns} ns");
+    }
+
+    #[test]
+    fn a_programs_evidence_is_the_end_of_its_logs_and_the_librarys_notes() {
+        use std::io::Write;
+        let t = tempfile::tempdir().unwrap();
+        let dirs = AgentDirs::new(t.path().join("runs"));
+        let mut dir = RunDir::new(&dirs, "test").unwrap();
+        let error_log = dir.service_file("error.log").unwrap();
+        (&error_log)
+            .write_all(b"one\ntwo\n\nthree\nfour\nfive\n")
+            .unwrap();
+        let library = dir.service_file("preload.log").unwrap();
+        (&library)
+            .write_all(
+                b"netgap-preload[9]: fd 5: accepted connection moved to xdp via the relay\n\
+                  netgap-preload[9]: fd 5: read: the relay hung up\n",
+            )
+            .unwrap();
+        dir.library_log = Some(library);
+        dir.hand_over().unwrap();
+        let long = "x".repeat(2 * MAX_OUTCOME_EVIDENCE_LINE_BYTES);
+        let launch = Launch {
+            program: "/bin/sh".into(),
+            args: vec![
+                "-c".into(),
+                format!("echo started; echo {long}; exec sleep 30").into(),
+            ],
+            stop_signal: libc::SIGKILL,
+        };
+        let record = ServiceRecord {
+            name: "test".into(),
+            host: String::new(),
+            program: "/bin/sh".into(),
+            version: String::new(),
+            listen: String::new(),
+            workers: None,
+            config: String::new(),
+            facts: Default::default(),
+        };
+        let running = Running::spawn("test", launch, dir, record).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while last_lines(&running.log, 2).len() < 2 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let evidence = running.evidence(Some(&error_log));
+        assert_eq!(
+            evidence[..4],
+            [
+                "error.log: two",
+                "error.log: three",
+                "error.log: four",
+                "error.log: five"
+            ]
+        );
+        assert!(evidence[4].starts_with("test output: xxx"), "{evidence:?}");
+        assert_eq!(evidence[4].len(), MAX_OUTCOME_EVIDENCE_LINE_BYTES);
+        assert_eq!(
+            evidence[5..],
+            ["preload.log: netgap-preload[9]: fd 5: read: the relay hung up"]
+        );
+        // A program that ended before the run did says so first, every
+        // time it is asked.
+        running.signal(libc::SIGKILL);
+        while running.exit_status().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        for _ in 0..2 {
+            let evidence = running.evidence(Some(&error_log));
+            assert!(
+                evidence[0].starts_with("test: exited before the run's end ("),
+                "{evidence:?}"
+            );
+            assert_eq!(evidence.len(), 7);
+        }
     }
 
     #[test]

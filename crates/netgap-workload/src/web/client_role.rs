@@ -4,7 +4,7 @@
 //! reports.
 
 use super::fileset::Zipf;
-use super::load_child::{run_child, LoadJob, LoadReport, Reported};
+use super::load_child::{child_evidence, run_child, LoadJob, LoadReport, Reported};
 use super::server_role::relay_for;
 use super::{bad, client, fileset, refused, Params, Trace, MAX_CLIENT_WORKERS};
 use crate::role::{metered, window, OpenRole, ReadyRole, RoleContext, RoleError, RoleResult, Stop};
@@ -94,7 +94,7 @@ pub(super) fn open_clients(
         };
         Some(LoadChild {
             library,
-            stack: ctx.spec.point.transport.clone(),
+            stack: crate::preload::LibraryStack::of(&ctx.spec.point),
             dir,
             job,
             relay,
@@ -125,8 +125,8 @@ struct ClientRole {
 /// start.
 struct LoadChild {
     library: std::path::PathBuf,
-    /// The library's stack (`shm` or `xdp`).
-    stack: String,
+    /// The library's stack (`shm` or `xdp`), direct or not.
+    stack: crate::preload::LibraryStack,
     /// The child's run directory.
     dir: RunDir,
     job: LoadJob,
@@ -155,6 +155,8 @@ struct Ran {
     window_ns: u64,
     /// The preload library's figures, when the clients ran under it.
     metrics: BTreeMap<String, f64>,
+    /// What the library's log notes, when the clients ran under it.
+    evidence: Vec<String>,
 }
 
 impl ReadyRole for ClientRole {
@@ -197,6 +199,7 @@ fn run_here(
         buckets: hist.buckets(),
         window_ns,
         metrics: BTreeMap::new(),
+        evidence: Vec::new(),
     })
 }
 
@@ -264,6 +267,7 @@ fn run_in_child(
         buckets: report.buckets,
         window_ns: report.window_ns,
         metrics,
+        evidence: child_evidence(&log),
     })
 }
 
@@ -277,6 +281,7 @@ fn summary(ran: Ran, target: &SocketAddr, stop: &Stop) -> Result<RoleResult, Rol
         buckets,
         window_ns,
         metrics: mut m,
+        evidence,
     } = ran;
     let mut flows = Vec::with_capacity(outcomes.len());
     let (mut rx, mut tx) = (0, 0);
@@ -335,6 +340,7 @@ fn summary(ran: Ran, target: &SocketAddr, stop: &Stop) -> Result<RoleResult, Rol
                     .collect()
             }),
             data_window_ns: None,
+            evidence,
         },
     })
 }

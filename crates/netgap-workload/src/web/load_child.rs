@@ -196,13 +196,22 @@ pub fn run_load_child() -> Result<(), LoadChildError> {
     Ok(())
 }
 
+/// The notes of a load generator's library log as its role's evidence
+/// (`WorkloadOutcome::evidence`).
+pub(crate) fn child_evidence(log: &crate::preload::LogSummary) -> Vec<String> {
+    log.notes
+        .iter()
+        .map(|l| service::evidence_line("the load generator's preload.log", l))
+        .collect()
+}
+
 /// Runs `netgap COMMAND` (a role's clients) in a child process under the
 /// preload library, hands it `job` as JSON on standard input and waits
 /// for its report on standard output (killing it if the role is
 /// stopped); returns the report and what its library log says.
 pub(crate) fn run_child(
     library: &std::path::Path,
-    stack: &str,
+    stack: &crate::preload::LibraryStack,
     dir: &RunDir,
     command: &str,
     job: &impl Serialize,
@@ -210,7 +219,6 @@ pub(crate) fn run_child(
     pid_out: &std::sync::mpsc::Sender<u32>,
 ) -> Result<(Vec<u8>, crate::preload::LogSummary), RoleError> {
     use std::io::{Read as _, Write as _};
-    use std::os::unix::fs::FileExt as _;
     let log = dir.service_file("preload.log").map_err(refused)?;
     dir.hand_over().map_err(refused)?;
     let exe = std::env::current_exe()
@@ -222,9 +230,7 @@ pub(crate) fn run_child(
             gid: u.gid,
         });
     let mut cmd = crate::tether::command_in_group(&exe, &[command], run_as);
-    cmd.env("LD_PRELOAD", crate::preload::preload_value(library))
-        .env(crate::preload::STACK_ENV, stack)
-        .env("NETGAP_PRELOAD_LOG", dir.path().join("preload.log"))
+    cmd.envs(stack.env(library, &dir.path().join("preload.log")))
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -282,9 +288,5 @@ pub(crate) fn run_child(
                 .collect::<String>()
         )));
     }
-    let len = log.metadata().map_or(0, |m| m.len()).min(16 << 20);
-    let mut buf = vec![0u8; usize::try_from(len).unwrap_or(0)];
-    let n = log.read_at(&mut buf, 0).unwrap_or(0);
-    let summary = crate::preload::LogSummary::parse(&String::from_utf8_lossy(&buf[..n]));
-    Ok((out, summary))
+    Ok((out, crate::preload::LogSummary::read(&log)))
 }

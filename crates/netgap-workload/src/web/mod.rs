@@ -289,6 +289,16 @@ impl Workload for Web {
         1024
     }
 
+    fn wrapped_programs(&self) -> Option<&'static str> {
+        Some(NAME)
+    }
+
+    /// The server and the load generator, under the library over shm or
+    /// xdp.
+    fn wraps_programs(&self, spec: &PointSpec, _args: &WorkloadArgs) -> bool {
+        netgap_transport::programs(&spec.transport).under_library()
+    }
+
     /// A real web server speaks HTTP over the host's TCP: any other
     /// transport, and socket options the server would not share, are
     /// refused.
@@ -307,7 +317,12 @@ impl Workload for Web {
                 )))
             }
         }
-        if spec.options != netgap_core::spec::TransportOptions::default() {
+        // `--preload-direct` is for the programs, the one option that is.
+        let own = netgap_core::spec::TransportOptions {
+            preload_direct: false,
+            ..spec.options.clone()
+        };
+        if own != netgap_core::spec::TransportOptions::default() {
             return Err(Refused(format!(
                 "{NAME}: transport options apply to netgap's own flows, not to a real server's; drop them"
             )));

@@ -103,6 +103,7 @@ pub(super) fn open_server(
     let (warmup, duration) = window(ctx.spec);
     Ok(Box::new(ServerRole {
         running,
+        error_log,
         relay,
         addr,
         warmup,
@@ -118,11 +119,11 @@ fn preload_stack(
     ctx: &RoleContext<'_>,
     dir: &mut RunDir,
 ) -> Result<Option<crate::preload::RelayGuard>, RoleError> {
-    let stack = ctx.spec.point.transport.as_str();
-    match netgap_transport::programs(stack) {
-        Programs::Library => dir.preload(stack).map_err(refused).map(|()| None),
+    let stack = crate::preload::LibraryStack::of(&ctx.spec.point);
+    match netgap_transport::programs(&stack.name) {
+        Programs::Library => dir.preload(&stack).map_err(refused).map(|()| None),
         Programs::LibraryWithRelay => {
-            dir.preload(stack).map_err(refused)?;
+            dir.preload(&stack).map_err(refused)?;
             relay_for(ctx, dir, ctx.spec.flows).map(Some)
         }
         Programs::Kernel | Programs::No => Ok(None),
@@ -151,6 +152,8 @@ pub(crate) fn relay_for(
 /// A web server running for the point.
 struct ServerRole {
     running: Running,
+    /// The server's own error log, for the repetition's evidence.
+    error_log: std::fs::File,
     /// The host's relay, for `-t xdp`: its CPU counts as the server's.
     relay: Option<crate::preload::RelayGuard>,
     addr: SocketAddr,
@@ -177,6 +180,7 @@ impl ReadyRole for ServerRole {
     fn run(self: Box<Self>) -> Result<RoleResult, RoleError> {
         let ServerRole {
             running,
+            error_log,
             relay,
             addr: _,
             warmup,
@@ -197,6 +201,7 @@ impl ReadyRole for ServerRole {
                 .insert("peak_rss_kib".into(), kib.to_string());
         }
         let record = running.record().clone();
+        let evidence = running.evidence(Some(&error_log));
         drop(running);
         drop(relay);
         Ok(RoleResult {
@@ -214,6 +219,7 @@ impl ReadyRole for ServerRole {
                 services: vec![record],
                 last_error: None,
                 data_window_ns: None,
+                evidence,
             },
         })
     }

@@ -15,6 +15,18 @@
 //! to its opening, or for an acknowledgment of what it sent) is given up
 //! after the session's silence limit: the engine retransmits with backoff
 //! meanwhile, and afterwards every call fails with a timeout.
+//!
+//! A reset ends the connection at once, as a TCP RST does: this end sends
+//! one when its program closes with bytes unread, when bytes arrive after
+//! its close, or when its close cannot finish (the opening never came, or
+//! what it sent is still unacknowledged when its linger ends); from then
+//! on it takes nothing and answers every frame of the peer's with a reset
+//! again (never a reset with one), so a peer whose first reset was lost
+//! still learns. A reset from the peer (before the opening too: the
+//! connector's opening may be what it answers) ends every call here with
+//! [`FlowError::Closed`]. Both ends hold the connection's key before the
+//! first frame, so a reset is sealed and verified like every frame: no
+//! stranger can end the connection with one.
 
 use super::*;
 
@@ -39,6 +51,18 @@ pub(super) struct Fixed {
     silence_ns: u64,
     /// The peer was silent that long: the session is given up.
     silent: bool,
+    /// This end reset the connection: it takes nothing more, and answers
+    /// the peer's frames with a reset.
+    reset_sent: bool,
+    /// The peer reset the connection.
+    reset_by_peer: bool,
+}
+
+impl Fixed {
+    /// The connection was reset, by either end.
+    pub(super) fn ended(&self) -> bool {
+        self.reset_sent || self.reset_by_peer
+    }
 }
 
 /// A session to open with ids the relays fixed.
@@ -71,6 +95,10 @@ pub(crate) struct FixedState {
     pub(crate) all_acknowledged: bool,
     /// The peer was silent past the limit: the session is given up.
     pub(crate) silent: bool,
+    /// The peer reset the connection.
+    pub(crate) reset_by_peer: bool,
+    /// This end reset the connection.
+    pub(crate) reset_sent: bool,
     /// When a pump must run even without frames: a retransmission, a
     /// probe, a delayed acknowledgment, the opening again, frames waiting
     /// on the TX ring, the silence limit. `None`: nothing armed.
@@ -88,6 +116,9 @@ pub(crate) struct FixedCounts {
     /// Frames the kernel dropped on their way to the socket (no fill
     /// buffer, the receive ring full).
     pub(crate) kernel_drops: u64,
+    /// The session's retransmission timeouts that expired (its
+    /// retransmissions less those a hole in the acknowledgments asked for).
+    pub(crate) timeouts: u64,
 }
 
 impl Session {
@@ -96,7 +127,7 @@ impl Session {
     /// frame once credit allows. Whether the ordinary timers run.
     pub(super) fn fixed_timers(&mut self, io: &mut PortIo, now: u64) -> bool {
         let Some(f) = self.fixed else { return true };
-        if f.silent {
+        if f.silent || f.ended() {
             return false;
         }
         let waiting = self.peer.is_none() || !self.send.idle();
@@ -135,6 +166,20 @@ impl Session {
     ) {
         let Some(f) = self.fixed else { return };
         let from_peer = |p: &Peer| p.mac == src && p.flow == h.src_flow;
+        if f.ended() || h.kind == Kind::Reset {
+            // Only the one peer's, and only authentic: the connector's
+            // opening answered with a reset, or the acceptor's reset
+            // before its answer.
+            let expected = f.accept_from.or(self.syn_to);
+            if !(expected.is_some_and(|p| from_peer(&p)) && self.guard.admit(raw)) {
+                io.strays += 1;
+            } else if h.kind == Kind::Reset {
+                self.on_reset();
+            } else {
+                self.after_reset(io, h.kind);
+            }
+            return;
+        }
         let peer = match f.accept_from {
             None => self
                 .syn_to
@@ -157,10 +202,65 @@ impl Session {
         self.post(io, reply, 0, &[], false);
     }
 
+    /// Resets the connection from this end: a reset goes to the peer (or,
+    /// before the opening, to the one peer it may come from), and nothing
+    /// is sent again or taken from now on. Once only.
+    pub(super) fn fixed_reset(&mut self, io: &mut PortIo) {
+        let Some(f) = self.fixed else { return };
+        if f.ended() || f.silent {
+            return;
+        }
+        self.fixed = Some(Fixed {
+            reset_sent: true,
+            ..f
+        });
+        self.woken = true;
+        self.post_reset(io);
+    }
+
+    /// An authentic frame of `kind` from the peer after the connection
+    /// was reset: this end's reset again (the first may have been lost),
+    /// never in answer to a reset.
+    pub(super) fn after_reset(&mut self, io: &mut PortIo, kind: Kind) {
+        if kind == Kind::Reset {
+            self.on_reset();
+        } else if self.fixed.is_some_and(|f| f.reset_sent) {
+            self.post_reset(io);
+        }
+    }
+
+    /// The peer's authentic reset: every call fails from now on.
+    pub(super) fn on_reset(&mut self) {
+        let Some(f) = self.fixed else { return };
+        if !f.reset_by_peer {
+            self.fixed = Some(Fixed {
+                reset_by_peer: true,
+                ..f
+            });
+            self.woken = true;
+        }
+    }
+
+    /// Queues a reset to the peer (sealed, kept by nobody).
+    fn post_reset(&mut self, io: &mut PortIo) {
+        let seq = self.send.next_seq();
+        let _ = self.post_with(io, Kind::Reset, seq, &[], false, (0, 0, 0));
+    }
+
+    /// Where this session's frames go: its peer, the server its opening
+    /// went to, or, for a fixed acceptor not open yet, the one peer whose
+    /// opening it takes.
+    pub(super) fn addressee(&self) -> Option<Peer> {
+        self.peer
+            .or(self.syn_to)
+            .or_else(|| self.fixed.and_then(|f| f.accept_from))
+    }
+
     /// The fixed session as a call sees it at `now`.
     fn fixed_state(&self, io: &PortIo, now: u64) -> FixedState {
         let f = self.fixed;
         let silent = f.is_some_and(|f| f.silent);
+        let ended = f.is_some_and(|f| f.ended());
         let open = self.peer.is_some();
         let room = open
             && self.send.may_send()
@@ -173,7 +273,9 @@ impl Session {
             room,
             all_acknowledged: self.fin_sent && self.send.idle(),
             silent,
-            next_timer: if silent {
+            reset_by_peer: f.is_some_and(|f| f.reset_by_peer),
+            reset_sent: f.is_some_and(|f| f.reset_sent),
+            next_timer: if silent || ended {
                 None
             } else {
                 self.fixed_next_timer(io, now)
@@ -186,8 +288,19 @@ impl Session {
         if io.tx_backlog() {
             return Some(Duration::ZERO);
         }
-        let f = self.fixed?;
-        let mut next = self.next_timer(now);
+        let f = self.fixed.filter(|f| !f.ended())?;
+        // Before the opening is answered the send window has no credit
+        // and the session sends no probe, so the window's probe deadline
+        // (long past) must not arm a timer: a waiter would be woken at
+        // once, again and again, spinning on its CPU until the peer's
+        // opening came (an acceptor whose connector's grant came later,
+        // 10 to 30 ms on a loaded host). Only the silence limit and the
+        // connector's opening again are due then.
+        let mut next = if self.peer.is_some() {
+            self.next_timer(now)
+        } else {
+            None
+        };
         let mut arm = |at_ns: u64| {
             let d = Duration::from_nanos(at_ns.saturating_sub(now));
             next = Some(next.map_or(d, |n| n.min(d)));
@@ -273,6 +386,8 @@ impl Port {
             syn_due_ns: now.saturating_add(SYN_EVERY_NS),
             silence_ns: u64::try_from(o.silence_limit.as_nanos()).unwrap_or(u64::MAX),
             silent: false,
+            reset_sent: false,
+            reset_by_peer: false,
         });
         if o.connector {
             s.syn_to = Some(o.peer);
@@ -285,11 +400,14 @@ impl Port {
     }
 
     /// Pumps the port once, then runs `f` on fixed session `id` at the
-    /// pump's time; fails if the session was given up or a doorbell
+    /// pump's time; fails if the session was given up, reset (unless
+    /// `reads` and bytes that arrived before the peer's reset are still
+    /// unread: the kernel's reads take those first too), or a doorbell
     /// failed.
     fn with_fixed<T>(
         &self,
         id: u16,
+        reads: bool,
         f: impl FnOnce(&mut PortIo, &mut Session, u64) -> T,
     ) -> Result<T, FlowError> {
         let out = {
@@ -298,6 +416,12 @@ impl Port {
             let (io, s) = st.session(id)?;
             if s.fixed.is_some_and(|f| f.silent) {
                 return Err(silent_error(s));
+            }
+            let unread = reads && s.recv.ready_bytes() > 0;
+            if s.fixed
+                .is_some_and(|f| f.reset_sent || f.reset_by_peer && !unread)
+            {
+                return Err(FlowError::Closed);
             }
             let now = io.now_cache_ns;
             f(io, s, now)
@@ -311,7 +435,7 @@ impl Port {
     /// (0: none now, or not open yet), after one pump; what it queued is
     /// on the wire when it returns ([`Port::drain_tx`]).
     pub(crate) fn fixed_send(&self, id: u16, buf: &[u8]) -> Result<usize, FlowError> {
-        let (n, outstanding) = self.with_fixed(id, |io, s, now| {
+        let (n, outstanding) = self.with_fixed(id, false, |io, s, now| {
             if !s.connected() || buf.is_empty() {
                 return Ok((0, 0));
             }
@@ -351,10 +475,10 @@ impl Port {
     /// `Some(0)` at the peer's end of stream, `None` when nothing is
     /// ready.
     pub(crate) fn fixed_recv(&self, id: u16, buf: &mut [u8]) -> Result<Option<usize>, FlowError> {
-        self.with_fixed(id, |io, s, now| {
+        self.with_fixed(id, true, |io, s, now| {
             if s.recv.ready_bytes() > 0 {
                 let n = s.recv.read(buf);
-                if s.recv.ack_due(now) {
+                if s.recv.ack_due(now) && !s.fixed.is_some_and(|f| f.ended()) {
                     // Reading opened room: tell a sender waiting for
                     // credit.
                     s.post(io, Kind::Ack, 0, &[], false);
@@ -369,7 +493,7 @@ impl Port {
     /// Ends this end's stream: the closing frame goes after what was sent,
     /// now if credit allows, else from a later pump.
     pub(crate) fn fixed_shutdown(&self, id: u16) -> Result<(), FlowError> {
-        self.with_fixed(id, |io, s, now| {
+        self.with_fixed(id, false, |io, s, now| {
             if s.fin_wanted {
                 return;
             }
@@ -379,6 +503,19 @@ impl Port {
                 s.send_fin(io);
             }
         })
+    }
+
+    /// Resets fixed session `id` from this end (see the module's notes),
+    /// after one pump; nothing if it was reset or given up already.
+    pub(crate) fn fixed_reset(&self, id: u16) -> Result<(), FlowError> {
+        {
+            let mut st = self.lock();
+            st.pump_fixed(id);
+            let (io, s) = st.session(id)?;
+            s.fixed_reset(io);
+            st.io.flush();
+        }
+        self.kick_error()
     }
 
     /// Fixed session `id` now, after one pump if `pump` (else on the
@@ -413,6 +550,7 @@ impl Port {
             stats: s.stats,
             refused_frames: refused,
             kernel_drops,
+            timeouts: s.send.timeouts,
         })
     }
 }

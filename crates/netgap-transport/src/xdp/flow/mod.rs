@@ -408,6 +408,10 @@ fn take_data(table: &mut Table<Session>, p: &reliable::Parsed<'_>, raw: &[u8], n
     let Some(peer) = s.peer else {
         return Take::Later;
     };
+    if s.fixed.is_some_and(|f| f.ended()) {
+        // Nothing is taken after a reset: the second pass answers it.
+        return Take::Later;
+    }
     if h.src_flow != peer.flow || p.src != peer.mac {
         return Take::Dropped;
     }

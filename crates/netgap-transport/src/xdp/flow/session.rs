@@ -82,7 +82,7 @@ impl Session {
     /// [`Session::post`] with the acknowledgment fields given: `(ack,
     /// credit, sack)`, as [`RecvWindow::take_ack`] made them (or an
     /// opening's).
-    fn post_with(
+    pub(super) fn post_with(
         &mut self,
         io: &mut PortIo,
         kind: Kind,
@@ -91,7 +91,7 @@ impl Session {
         keep: bool,
         (ack, credit, sack): (u32, u32, u64),
     ) -> Option<u32> {
-        let peer = self.peer.or(self.syn_to)?;
+        let peer = self.addressee()?;
         let slot = io.free_tx.pop()?;
         let header = Header {
             kind,
@@ -214,6 +214,10 @@ impl Session {
             io.strays += 1;
             return;
         }
+        if self.fixed.is_some_and(|f| f.ended()) {
+            self.after_reset(io, h.kind);
+            return;
+        }
         match h.kind {
             Kind::Syn => {
                 // Our SYN-ACK was lost: say it again (to the same opening
@@ -224,6 +228,13 @@ impl Session {
                 return;
             }
             Kind::SynAck => return,
+            Kind::Reset => {
+                // Taken only by a session keyed from its first frame.
+                if self.fixed.is_some() {
+                    self.on_reset();
+                }
+                return;
+            }
             Kind::Data | Kind::Fin => self.on_data(h, payload, now),
             Kind::Probe => self.recv.on_probe(),
             Kind::Ack => {}

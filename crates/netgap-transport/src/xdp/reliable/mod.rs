@@ -102,6 +102,12 @@ pub enum Kind {
     Probe,
     /// The end of the sender's stream, with a sequence number.
     Fin,
+    /// The connection is over at once: the sender dropped what it had not
+    /// delivered (its program closed with bytes unread, or gave its close
+    /// up) and takes nothing more. Only a direct connection's session,
+    /// keyed from its first frame, sends or takes one: a flow that may
+    /// still be unkeyed ignores it, so that no stranger can end it.
+    Reset,
 }
 
 impl Kind {
@@ -113,6 +119,7 @@ impl Kind {
             Kind::Ack => 4,
             Kind::Probe => 5,
             Kind::Fin => 6,
+            Kind::Reset => 7,
         }
     }
 
@@ -124,6 +131,7 @@ impl Kind {
             4 => Kind::Ack,
             5 => Kind::Probe,
             6 => Kind::Fin,
+            7 => Kind::Reset,
             _ => return None,
         })
     }
