@@ -447,6 +447,10 @@ if [ "$TESTBED" = 1 ]; then
 			{ cat "$OUT/testbed-before.txt" >&2; exit 1; }
 		HOSTS_BEFORE=/run/netgap/$TB_BEFORE/hosts.json
 	fi
+	# The testbeds' agents serve netgap's runs: their CPU is the run's own,
+	# not other work on the machine.
+	OUR_NETNS=$(ip netns list | awk -v a="ngtb-$TB_NAME-" -v b="ngtb-$TB_BEFORE-" \
+		'index($1, a) == 1 || index($1, b) == 1 {print $1}' | tr '\n' ' ')
 	# the first host serves, the client runs in the second (as netgap does)
 	read -r NS_S NS_C < <(python3 -c 'import json,sys; h=json.load(open(sys.argv[1]))["hosts"]; print(h[0]["netns"], h[1]["netns"])' "$HOSTS")
 	link() { # NS -> "IFACE IPV4 MAC" of its one testbed interface

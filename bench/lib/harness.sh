@@ -10,6 +10,9 @@
 #   RETRY_DISTURBED how many times a disturbed phase runs again
 #   CLIENT_CPU, SERVER_CPU  where clients and servers run
 #   ROUND           the current round (for the log)
+#   OUR_NETNS       (optional) network namespaces, by name, whose processes
+#                   are the measurement's own (a testbed's agents, which
+#                   serve the tools but are not their children)
 # and defines phase_TOOL functions for run_phase.  Sourcing it sets the
 # EXIT, INT and TERM traps that stop every server and client it started.
 
@@ -51,14 +54,21 @@ cpu_sample() {
 
 # "TOTAL BUSY OURS STEAL" in clock ticks: all CPU time of both CPUs; time
 # spent in processes (user, nice, system); the part of it used by this
-# script's processes (live descendants plus reaped children); and steal, the
+# script's processes (live descendants plus reaped children, and every
+# process in the namespaces of OUR_NETNS); and steal, the
 # time the hypervisor ran something else while a CPU had work.  Two snapshots
 # around a tool give the share of CPU that other work on the machine took
 # meanwhile, and the share the host took away.
 cpu_snapshot() {
-	python3 - "$$" <<'PY'
+	python3 - "$$" ${OUR_NETNS:-} <<'PY'
 import os, sys
 me = int(sys.argv[1])
+own_ns = set()
+for name in sys.argv[2:]:
+    try:
+        own_ns.add(os.stat(f"/run/netns/{name}").st_ino)
+    except OSError:
+        pass
 with open("/proc/stat") as f:
     v = [int(x) for x in f.readline().split()[1:9]]
 total, busy = sum(v), v[0] + v[1] + v[2]
@@ -75,6 +85,13 @@ for d in os.listdir("/proc"):
     ticks[int(d)] = (int(rest[11]) + int(rest[12]), int(rest[13]) + int(rest[14]))
 ours = ticks.get(me, (0, 0))[1]
 for pid in ticks:
+    if own_ns:
+        try:
+            if os.stat(f"/proc/{pid}/ns/net").st_ino in own_ns:
+                ours += ticks[pid][0]
+                continue
+        except OSError:
+            pass
     p, seen = pid, 0
     while p > 1 and seen < 64:
         p, seen = parent.get(p, 0), seen + 1
