@@ -169,6 +169,7 @@ pub(crate) fn serve(
     slot: Slot,
 ) {
     let fd = client.as_raw_fd();
+    let asked = Instant::now();
     let granted = match &hub.direct {
         None => Err(DirectError::Off),
         Some(d) => match &req.role {
@@ -183,7 +184,13 @@ pub(crate) fn serve(
     let (grant, made, held) = match granted {
         Ok(g) => g,
         Err(why) => {
-            asker.say(hub, &format!("direct: refused: {why}"));
+            asker.say(
+                hub,
+                &format!(
+                    "direct: refused: {why} (after {} ms)",
+                    asked.elapsed().as_millis()
+                ),
+            );
             reply(fd, &RelayReply::Refused(why.to_string()));
             return;
         }
@@ -203,8 +210,10 @@ pub(crate) fn serve(
     asker.say(
         hub,
         &format!(
-            "direct: granted queue {queue} (this end's flow {}, the other's {})",
-            grant.local_flow, grant.peer_flow
+            "direct: granted queue {queue} in {} ms (this end's flow {}, the other's {})",
+            asked.elapsed().as_millis(),
+            grant.local_flow,
+            grant.peer_flow
         ),
     );
     let t0 = Instant::now();
