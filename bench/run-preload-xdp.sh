@@ -6,18 +6,19 @@
 #   tcp     kernel TCP, nothing wrapped;
 #   relays  nginx and the client under libnetgap_preload.so (xdp build),
 #           each host's relay carrying the connections over an AF_XDP flow
-#           on the hosts' second link;
-#   direct  the same with NETGAP_PRELOAD_DIRECT=1 (`netgap run web
-#           --preload-direct`): the relays agree on a queue and hand each
-#           program an AF_XDP socket of its own;
+#           on the hosts' second link (NETGAP_PRELOAD_DIRECT=0, `netgap
+#           run web --preload-relayed`);
+#   direct  the same as it goes by default (NETGAP_PRELOAD_DIRECT=1): the
+#           relays agree on a queue and hand each program an AF_XDP socket
+#           of its own;
 # and netgap's own xdp stream (64 KiB messages, the transport the direct
 # connections drive) between the same hosts, in event mode (its waits
 # sleep, as the library's do: the bound the direct column's bytes are read
 # against) and in poll mode.
 #
-# The load generator's direct column asks for direct connections with
-# `--preload-direct`, on the same testbed: the agents give nginx and the
-# load generator NETGAP_PRELOAD_DIRECT=1 (0 without the flag), start
+# The load generator's relays column keeps the connections on the relays
+# with `--preload-relayed`, on the same testbed: the agents give nginx and
+# the load generator NETGAP_PRELOAD_DIRECT=0 (1 without the flag), start
 # their host's relay for each run and count its CPU in the role's. The wrk
 # rows run on the first testbed: the script starts nginx (netgap's own
 # configuration for the point, copied from the load generator's record)
@@ -297,7 +298,7 @@ for r in $(seq "$rounds"); do
             json="$dir/$r-$file-$stack.jsonl"
             t=xdp way=()
             [ "$stack" = tcp ] && t=tcp
-            [ "$stack" = direct ] && way=(--preload-direct)
+            [ "$stack" = relays ] && way=(--preload-relayed)
             "$netgap" run web -t "$t" ${way[@]+"${way[@]}"} --hosts "$hosts" -s "$file" \
                 --clients "$conns" --reps 1 --duration "${secs}s" --json "$json" >/dev/null
             read -r rate srv cli across direct kept errors < <(summarize "$json")

@@ -86,7 +86,9 @@ fn main() -> ExitCode {
         Some(Command::WebLoad) => {
             netgap_workload::run_web_load_child().map_err(|e| anyhow::anyhow!(e))
         }
-        Some(Command::Wrap(args)) => Err(netgap::wrap::exec(&args.transport, &args.command).into()),
+        Some(Command::Wrap(args)) => {
+            Err(netgap::wrap::exec(&args.transport, args.relayed, &args.command).into())
+        }
         Some(Command::Relay(args)) => args
             .config()
             .and_then(|config| netgap::relay::run(config).map_err(Into::into)),

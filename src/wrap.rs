@@ -1,9 +1,10 @@
 //! `netgap wrap`: runs a program with netgap's preload sockets library
 //! (`libnetgap_preload.so`), which moves the program's TCP connections to
 //! peers on this host that run the library too onto shared memory, and
-//! (`-t xdp`) those to other hosts onto xdp through the hosts' relays
-//! (`netgap relay`): the same library, where the relay's presence
-//! decides.
+//! (`-t xdp`) those to other hosts onto xdp: direct, each on an AF_XDP
+//! socket of the program's own that the hosts' relays (`netgap relay`)
+//! set up, or through the relays (`--relayed`, or where they refuse): the
+//! same library, where the relay's presence decides.
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -27,6 +28,14 @@ pub enum WrapError {
         /// The stacks it provides.
         provided: String,
     },
+    /// `--relayed` off xdp, where there are no relays.
+    #[error(
+        "wrap: --relayed applies to -t xdp alone (connections to other hosts), not to {stack}"
+    )]
+    Relayed {
+        /// The stack asked for.
+        stack: String,
+    },
     /// No program given.
     #[error("wrap: no program given (netgap wrap -t shm -- PROGRAM ARGS)")]
     NoProgram,
@@ -44,8 +53,9 @@ pub enum WrapError {
 }
 
 /// Replaces this process with `command` (program and arguments) under the
-/// library for `stack`; returns only on failure.
-pub fn exec(stack: &str, command: &[OsString]) -> WrapError {
+/// library for `stack`, its connections to other hosts kept on the relays
+/// if `relayed`; returns only on failure.
+pub fn exec(stack: &str, relayed: bool, command: &[OsString]) -> WrapError {
     let programs = netgap_transport::programs(stack);
     if !programs.under_library() {
         let provided: Vec<&str> = netgap_transport::registry()
@@ -58,6 +68,11 @@ pub fn exec(stack: &str, command: &[OsString]) -> WrapError {
             provided: provided.join(", "),
         };
     }
+    if relayed && programs != Programs::LibraryWithRelay {
+        return WrapError::Relayed {
+            stack: stack.to_string(),
+        };
+    }
     if programs == Programs::LibraryWithRelay && !relay_present() {
         eprintln!("netgap wrap: no relay of root's runs in this network namespace (start `netgap relay`): connections to other hosts stay on the kernel's TCP");
     }
@@ -68,11 +83,14 @@ pub fn exec(stack: &str, command: &[OsString]) -> WrapError {
         Ok(l) => l,
         Err(e) => return e.into(),
     };
-    let source = Command::new(program)
-        .args(args)
+    let mut cmd = Command::new(program);
+    cmd.args(args)
         .env("LD_PRELOAD", preload_value(&library))
-        .env(netgap_workload::preload::STACK_ENV, stack)
-        .exec();
+        .env(netgap_workload::preload::STACK_ENV, stack);
+    if relayed {
+        cmd.env(netgap_workload::preload::DIRECT_ENV, "0");
+    }
+    let source = cmd.exec();
     WrapError::Exec {
         program: program.to_string_lossy().into_owned(),
         source,

@@ -150,6 +150,12 @@ pub(crate) struct WrapArgs {
     /// hosts, through `netgap relay`).
     #[arg(short = 't', long = "transport", value_name = "STACK")]
     pub transport: String,
+    /// With xdp: keep the program's connections to other hosts on the
+    /// relays instead of asking for direct ones (each on an AF_XDP socket
+    /// of the program's own), to compare the two paths (the library's
+    /// `NETGAP_PRELOAD_DIRECT=0` does the same).
+    #[arg(long)]
+    pub relayed: bool,
     /// The program and its arguments.
     #[arg(
         required = true,

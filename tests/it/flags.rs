@@ -171,8 +171,8 @@ fn shared_point_to_point_cases() -> Vec<(&'static [&'static str], Expect)> {
             Refused("--cork does not apply to transport unix (it takes --sndbuf, --rcvbuf)"),
         ),
         (
-            &["--preload-direct"],
-            Refused("--preload-direct does not apply to transport tcp (it takes --no-nodelay"),
+            &["--preload-relayed"],
+            Refused("--preload-relayed does not apply to transport tcp (it takes --no-nodelay"),
         ),
         (&["--warmup", "5"], Records("/options/warmup", 5.into())),
         (
@@ -234,8 +234,10 @@ fn shared_point_to_point_cases() -> Vec<(&'static [&'static str], Expect)> {
     if xdp_available() {
         // Point-to-point tests run netgap's own flows, no program.
         cases.push((
-            &["-t", "xdp", "--preload-direct"],
-            Refused("for direct connections (web, gather --responder gmond, pipeline --stages program), and"),
+            &["-t", "xdp", "--preload-relayed"],
+            Refused(
+                "on the relays (web, gather --responder gmond, pipeline --stages program), and",
+            ),
         ));
     }
     cases
@@ -465,15 +467,15 @@ fn every_flag_of_a_multi_host_run_changes_its_record_or_is_refused() {
         ),
         (&["--bidir"], Records("/options/bidir", true.into())),
         (
-            &["--preload-direct"],
-            Refused("--preload-direct does not apply to transport tcp (it takes --no-nodelay"),
+            &["--preload-relayed"],
+            Refused("--preload-relayed does not apply to transport tcp (it takes --no-nodelay"),
         ),
     ];
     if xdp_available() {
         // Its roles are netgap's own: no program to ask.
         cases.push((
-            &["-t", "xdp", "--preload-direct"],
-            Refused("--preload-direct does not apply to this multistream point: it runs no programs under the preload library; it acts on web, gather --responder gmond, pipeline --stages program"),
+            &["-t", "xdp", "--preload-relayed"],
+            Refused("--preload-relayed does not apply to this multistream point: it runs no programs under the preload library; it acts on web, gather --responder gmond, pipeline --stages program"),
         ));
     }
     multistream.walk(&cases);

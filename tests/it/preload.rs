@@ -655,6 +655,13 @@ fn a_wrap_of_a_missing_program_is_one_line() {
         .output()
         .expect("netgap runs");
     common::one_line_error(&out, "wrap", "stack \"udp\" is not provided");
+    // The relays are xdp's: on one host there is nothing to keep on them.
+    let out = common::netgap()
+        .env("NETGAP_PRELOAD", common::preload_library())
+        .args(["wrap", "-t", "shm", "--relayed", "--", "true"])
+        .output()
+        .expect("netgap runs");
+    common::one_line_error(&out, "wrap", "--relayed applies to -t xdp alone");
 }
 
 /// Whether `program` is on the PATH.

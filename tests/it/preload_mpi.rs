@@ -87,9 +87,10 @@ mod across_hosts {
     use std::process::Command;
 
     #[test]
-    fn mpi_ranks_under_the_library_across_testbed_hosts_through_relays_from_the_command_line() {
+    fn mpi_ranks_under_the_library_across_testbed_hosts_on_direct_connections_from_the_command_line(
+    ) {
         let test =
-            "mpi_ranks_under_the_library_across_testbed_hosts_through_relays_from_the_command_line";
+            "mpi_ranks_under_the_library_across_testbed_hosts_on_direct_connections_from_the_command_line";
         if !system_ready(test) {
             return;
         }
@@ -103,6 +104,10 @@ mod across_hosts {
         assert_eq!(recs.len(), 4, "{text}");
         for r in &recs {
             check_library_record(r, "xdp");
+            // The ranks asked for direct connections, and the record says
+            // the library's log showed them direct.
+            let opts = stack_options(r);
+            assert!(opts.contains(&"preload_path=direct"), "{opts:?}");
             // Across hosts the bytes cross the link in the xdp transport's
             // frames, between the two testbed hosts.
             assert!(!r["stack"]["framing"].is_null(), "{r}");
@@ -245,7 +250,7 @@ mod across_hosts {
         let key = common::new_key_file(dir.path(), "relay.key");
         let relays = tb.start_relays(&key, dir.path());
         let log = dir.path().join("mpi.log");
-        ping_pong(&tb, dir.path(), &exe, &log, &[]);
+        ping_pong(&tb, dir.path(), &exe, &log, &["NETGAP_PRELOAD_DIRECT=0"]);
         let text = crate::preload::read(&log);
         // The connection between the ranks moved to xdp at both ends.
         common::assert_relayed_at_both_ends(&text);

@@ -2,9 +2,9 @@
 //! their own on the kernel's TCP sockets (`netgap pipeline-stages`), on
 //! one host under the preload library over shm (the in-process agents),
 //! and, built with the `xdp` feature, across two testbed hosts over xdp
-//! through the hosts' relays, and again on direct connections
-//! (`--preload-direct`, each stream on an AF_XDP socket of its stage's
-//! own, the record a stack of its own). Every UOW is verified end to end as the
+//! through the hosts' relays (`--preload-relayed`, the record a stack of
+//! its own), and again on direct connections (the default, each stream on
+//! an AF_XDP socket of its stage's own). Every UOW is verified end to end as the
 //! agent's own stages do; the library's counters in the record show every
 //! stream on the library's path (none left on the kernel's TCP) and the
 //! bytes on it; the record names the stages' program; nothing it started
@@ -183,12 +183,22 @@ fn pipeline_stages_across_testbed_hosts_over_xdp_go_through_the_relays() {
     let json = dir.path().join("r.jsonl");
     // Producer and consumer on the first host, the filter on the second:
     // both streams cross hosts.
-    let (ok, text, recs) = run(&["-t", "xdp", "--hosts", &tb.hosts_arg()], &json);
+    let (ok, text, recs) = run(
+        &["-t", "xdp", "--preload-relayed", "--hosts", &tb.hosts_arg()],
+        &json,
+    );
     assert!(ok, "{text}");
     assert_eq!(recs.len(), 1, "{text}");
     let r = &recs[0];
     assert_eq!(r["transport"], "xdp");
-    assert!(r["options"]["transport"].get("preload_direct").is_none());
+    assert_eq!(r["options"]["transport"]["preload_relayed"], true);
+    assert!(
+        r["stack"]["options"]
+            .as_array()
+            .is_some_and(|o| o.contains(&Value::from("preload_relayed"))),
+        "{}",
+        r["stack"]
+    );
     every_uow_verified(r);
     assert_eq!(metric(r, "preload_xdp_connections"), 2.0, "{}", r["app"]);
     assert_eq!(metric(r, "preload_kernel_connections"), 0.0, "{}", r["app"]);
@@ -216,23 +226,19 @@ fn pipeline_stages_across_testbed_hosts_over_xdp_go_through_the_relays() {
     );
     assert_eq!(stages_left(), "", "stages' programs left after the run");
 
-    // The same run with its programs asking for direct connections: both
-    // streams direct, on the stages' own AF_XDP sockets, and the record
-    // says the run asked for them.
+    // The same run as it goes by default, its programs asking for direct
+    // connections: both streams direct, on the stages' own AF_XDP
+    // sockets, and the record's options left as they default.
     let json = dir.path().join("direct.jsonl");
     let hosts = tb.hosts_arg();
-    let (ok, text, recs) = run(&["-t", "xdp", "--preload-direct", "--hosts", &hosts], &json);
+    let (ok, text, recs) = run(&["-t", "xdp", "--hosts", &hosts], &json);
     assert!(ok, "{text}");
     assert_eq!(recs.len(), 1, "{text}");
     let r = &recs[0];
-    assert_eq!(r["options"]["transport"]["preload_direct"], true);
-    assert!(
-        r["stack"]["options"]
-            .as_array()
-            .is_some_and(|o| o.contains(&Value::from("preload_direct"))),
-        "{}",
-        r["stack"]
-    );
+    assert!(r["options"]["transport"].get("preload_relayed").is_none());
+    assert!(r["stack"]["options"]
+        .as_array()
+        .is_none_or(|o| !o.contains(&Value::from("preload_relayed"))));
     for s in r["app"]["services"].as_array().expect("services") {
         assert_eq!(
             s["facts"]["sockets"],

@@ -118,7 +118,9 @@ fn await_text(log: &Path, marker: &str, secs: u64, what: &str) {
 }
 
 /// `ip netns exec NS netgap wrap -t xdp -- timeout -s KILL 300 PROGRAM
-/// ARGS`, logging the library to `log`.
+/// ARGS`, logging the library to `log`, its connections to other hosts
+/// on the relays (`NETGAP_PRELOAD_DIRECT=0`) unless the caller's
+/// environment says otherwise.
 fn wrapped(ns: &str, program: &str, args: &[&str], log: &Path) -> Command {
     let mut c = Command::new("ip");
     c.args(["netns", "exec", ns])
@@ -128,6 +130,7 @@ fn wrapped(ns: &str, program: &str, args: &[&str], log: &Path) -> Command {
         ])
         .args(args)
         .env("NETGAP_PRELOAD", common::preload_library())
+        .env("NETGAP_PRELOAD_DIRECT", "0")
         .env("NETGAP_PRELOAD_LOG", log);
     c
 }

@@ -6,8 +6,8 @@
 //! connection relayed (none left on the kernel's TCP), the payload on the
 //! relays rather than the kernel sockets, the relays the runs started
 //! gone afterwards; Apache and gmond also on direct connections (each on
-//! an AF_XDP socket of its program's own, `--preload-direct`), recorded
-//! as a stack of their own, and netgap's own responder (aimed at IP:PORT)
+//! an AF_XDP socket of its program's own, the default; the relays'
+//! path is `--preload-relayed`, recorded as a stack of its own), and netgap's own responder (aimed at IP:PORT)
 //! refused over xdp in one line. And a wrapped curl, with relays on both hosts,
 //! against a plain HTTP server without the library: the probe of the
 //! server's host keeps the connection on the kernel's TCP before any byte
@@ -36,11 +36,11 @@ fn run(tb: &Testbed, args: &[&str], json: &Path) -> (bool, String, Vec<Value>) {
 /// The path a run's connections across hosts are to take.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Way {
-    /// Through the hosts' relays (the programs do not ask for direct
-    /// connections).
+    /// Through the hosts' relays (`--preload-relayed`: the programs do not
+    /// ask for direct connections).
     Relays,
-    /// Direct, each on an AF_XDP socket of its program's own
-    /// (`--preload-direct`: the programs ask for them).
+    /// Direct, each on an AF_XDP socket of its program's own (the
+    /// default: the programs ask for them).
     Direct,
 }
 
@@ -48,14 +48,14 @@ impl Way {
     /// The run's flags for this way.
     fn flags(self) -> &'static [&'static str] {
         match self {
-            Way::Relays => &[],
-            Way::Direct => &["--preload-direct"],
+            Way::Relays => &["--preload-relayed"],
+            Way::Direct => &[],
         }
     }
 
     /// Checks that record `r` says which way its run asked for: a
-    /// direct run's options and stack name it, a relayed run's keep their
-    /// earlier form.
+    /// relayed run's options and stack name it, a direct run's (the
+    /// default) leave it out.
     fn recorded(self, r: &Value) {
         let options = &r["options"]["transport"];
         let stack: Vec<&str> = r["stack"]["options"]
@@ -64,12 +64,12 @@ impl Way {
             .unwrap_or_default();
         match self {
             Way::Relays => {
-                assert!(options.get("preload_direct").is_none(), "{options}");
-                assert!(!stack.contains(&"preload_direct"), "{stack:?}");
+                assert_eq!(options["preload_relayed"], true, "{options}");
+                assert!(stack.contains(&"preload_relayed"), "{stack:?}");
             }
             Way::Direct => {
-                assert_eq!(options["preload_direct"], true, "{options}");
-                assert!(stack.contains(&"preload_direct"), "{stack:?}");
+                assert!(options.get("preload_relayed").is_none(), "{options}");
+                assert!(!stack.contains(&"preload_relayed"), "{stack:?}");
             }
         }
     }
@@ -271,7 +271,7 @@ fn nginx_and_gmond_serve_across_testbed_hosts_over_xdp_through_the_relays() {
 /// connection a worker registered during the listener's wait reached
 /// Apache as two events (its relay socket's and its own), and the child
 /// aborted (AH03096 event_loop: unexpected state 1). Then the same server
-/// and load generator with `--preload-direct`: every connection direct,
+/// and load generator on direct connections: every connection direct,
 /// every body verified, the record a stack of its own.
 #[test]
 fn apache_event_mpm_serves_across_testbed_hosts_over_xdp_through_the_relays() {

@@ -763,10 +763,10 @@ fn a_study_on_its_own_testbed_reports_every_figure_and_claim() {
 }
 
 /// Study 000's user-level row (Figure 13u): real gmond gathered over the
-/// kernel's TCP and over xdp through the preload library and the relays,
-/// on the study's own testbed with its second switch; both records are
-/// there, the xdp one with every connection relayed, and the claim is
-/// judged from them.
+/// kernel's TCP and over xdp through the preload library on direct
+/// connections, on the study's own testbed with its second switch; both
+/// records are there, the xdp one with every connection on xdp and direct
+/// ones among them, and the claim is judged from them.
 #[cfg(feature = "xdp")]
 #[test]
 fn study_000_puts_gmond_over_xdp_beside_tcp_in_figure_13u() {
@@ -795,6 +795,7 @@ fn study_000_puts_gmond_over_xdp_beside_tcp_in_figure_13u() {
     }
     let m = &xdp["app"]["metrics"];
     assert!(m["preload_xdp_connections"].as_f64() > Some(0.0), "{m}");
+    assert!(m["preload_direct"].as_f64() > Some(0.0), "{m}");
     assert_eq!(m["preload_kernel_connections"].as_f64(), Some(0.0), "{m}");
     let section = figure_section(&html, "13u");
     assert!(section.contains("<svg"), "a plot");
@@ -804,9 +805,10 @@ fn study_000_puts_gmond_over_xdp_beside_tcp_in_figure_13u() {
 
 /// Study 000's user-level row of Figures 9a, 11 and 12: netgap's pipeline
 /// (three hosts; its stages an unmodified sockets program, under the
-/// preload library over the relays' xdp) and striped I/O (four hosts)
-/// over xdp beside the kernel's stacks, on the study's own testbed; every
-/// figure has xdp records, the pipeline's with every stream relayed, the
+/// preload library on direct xdp connections) and striped I/O (four
+/// hosts) over xdp beside the kernel's stacks, on the study's own testbed;
+/// every figure has xdp records, the pipeline's with every stream on xdp
+/// and direct ones among them, the
 /// tile-against-contiguous claim is judged for each network, and the
 /// testbed goes.
 #[cfg(feature = "xdp")]
@@ -842,6 +844,7 @@ fn study_000_puts_pipeline_and_pio_over_xdp_beside_tcp_in_figures_9a_11_12() {
         let m = &r["app"]["metrics"];
         assert_eq!(r["app"]["options"]["stages"], "program", "{}", r["app"]);
         assert!(m["preload_xdp_connections"].as_f64() > Some(0.0), "{m}");
+        assert!(m["preload_direct"].as_f64() > Some(0.0), "{m}");
         assert_eq!(m["preload_kernel_connections"].as_f64(), Some(0.0), "{m}");
     }
     let section = figure_section(&html, "12");

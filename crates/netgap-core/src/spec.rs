@@ -94,13 +94,17 @@ pub struct TransportOptions {
     /// out.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub buffer_offset_bytes: u32,
-    /// The programs a workload runs under netgap's preload library ask
-    /// for direct connections, each on an AF_XDP socket of its own
-    /// (`--preload-direct`; xdp only, and only for a workload that wraps
-    /// programs). Absent from older records and messages, and left out
-    /// when false, so relayed runs keep their earlier form.
+    /// The programs a workload runs under netgap's preload library keep
+    /// their connections to other hosts on the hosts' relays instead of
+    /// asking for direct ones, each on an AF_XDP socket of the program's
+    /// own, as they do by default (`--preload-relayed`; xdp only, and only
+    /// for a workload that wraps programs). Left out when false. Records
+    /// older than this option ran their xdp programs through the relays
+    /// without saying so; every record's `preload_direct` and
+    /// `preload_xdp_connections` counts say which path each connection
+    /// took.
     #[serde(default, skip_serializing_if = "is_false")]
-    pub preload_direct: bool,
+    pub preload_relayed: bool,
 }
 
 impl TransportOptions {
@@ -137,7 +141,7 @@ impl Default for TransportOptions {
             sqpoll: false,
             buffer_align_bytes: None,
             buffer_offset_bytes: 0,
-            preload_direct: false,
+            preload_relayed: false,
         }
     }
 }

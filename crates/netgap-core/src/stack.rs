@@ -192,7 +192,7 @@ pub(crate) fn option_entries(o: &TransportOptions) -> Vec<String> {
     flag("quickack", o.quickack, d.quickack);
     flag("cork", o.cork, d.cork);
     flag("sqpoll", o.sqpoll, d.sqpoll);
-    flag("preload_direct", o.preload_direct, d.preload_direct);
+    flag("preload_relayed", o.preload_relayed, d.preload_relayed);
     if let Some(b) = o.sndbuf_bytes {
         v.push(format!("sndbuf_bytes={b}"));
     }
@@ -541,8 +541,8 @@ mod tests {
     }
 
     #[test]
-    fn direct_connections_of_wrapped_programs_are_a_stack_of_their_own() {
-        let relayed = Stack::new(
+    fn wrapped_programs_kept_on_the_relays_are_a_stack_of_their_own() {
+        let direct = Stack::new(
             "xdp",
             Mode::Event,
             &TransportOptions::default(),
@@ -550,22 +550,21 @@ mod tests {
             None,
         );
         let o = TransportOptions {
-            preload_direct: true,
+            preload_relayed: true,
             ..TransportOptions::default()
         };
-        let direct = Stack::new("xdp", Mode::Event, &o, path(1500, "on"), None);
-        assert_eq!(direct.options, ["preload_direct"]);
+        let relayed = Stack::new("xdp", Mode::Event, &o, path(1500, "on"), None);
+        assert_eq!(relayed.options, ["preload_relayed"]);
         assert_ne!(relayed, direct);
         assert_eq!(
-            Stack::distinguishing_labels(&[&relayed, &direct]),
-            ["xdp", "xdp, preload_direct"]
+            Stack::distinguishing_labels(&[&direct, &relayed]),
+            ["xdp", "xdp, preload_relayed"]
         );
-        // Relayed runs keep the form older records have; a direct one says
-        // so, and reads back.
+        // The default is left out; the relays say so, and read back.
         let json = serde_json::to_value(TransportOptions::default()).unwrap();
-        assert!(json.get("preload_direct").is_none());
+        assert!(json.get("preload_relayed").is_none());
         let json = serde_json::to_value(&o).unwrap();
-        assert_eq!(json["preload_direct"], true);
+        assert_eq!(json["preload_relayed"], true);
         let back: TransportOptions = serde_json::from_value(json).unwrap();
         assert_eq!(back, o);
     }

@@ -14,7 +14,7 @@
 use netgap_core::hosts::HostEntry;
 use netgap_transport::Programs;
 use netgap_workload::preload::{
-    await_relay, library_path, relay_present_in, LogSummary, RelayError, STACK_ENV,
+    await_relay, library_path, relay_present_in, LogSummary, RelayError, DIRECT_ENV, STACK_ENV,
 };
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -114,6 +114,16 @@ pub enum LibraryError {
     },
 }
 
+/// What the library logged of a job's connections.
+pub struct Connections {
+    /// Those between programs under the library that it kept on the
+    /// kernel's TCP, if any.
+    pub warning: Option<String>,
+    /// Either rank's sides that went direct, each on an AF_XDP socket of
+    /// the rank's own (the rest of the xdp ones went through the relays).
+    pub direct: u64,
+}
+
 /// One job's use of the library: its directory (the log, the relays'
 /// key), the relays it started, and what mpirun exports to the ranks.
 /// Dropping it stops the relays and removes the directory.
@@ -154,6 +164,9 @@ impl LibraryJob {
         job.exports = vec![
             ("LD_PRELOAD".into(), path.into_os_string()),
             (STACK_ENV.into(), library.stack.clone().into()),
+            // Direct connections across hosts, said so that an agent's own
+            // environment does not decide.
+            (DIRECT_ENV.into(), "1".into()),
             (
                 "NETGAP_PRELOAD_LOG".into(),
                 job.log.clone().into_os_string(),
@@ -178,9 +191,10 @@ impl LibraryJob {
 
     /// What the library has logged so far of the ranks' connections (both
     /// ranks append to one log): a warning naming those between programs
-    /// under the library that it kept on the kernel's TCP, if any; an
-    /// error when none moved to the library's stack.
-    pub fn connections(&self) -> Result<Option<String>, LibraryError> {
+    /// under the library that it kept on the kernel's TCP, if any, and how
+    /// many of either rank's sides went direct; an error when none moved to
+    /// the library's stack.
+    pub fn connections(&self) -> Result<Connections, LibraryError> {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let summary = LogSummary::parse(&text);
         if moved(&summary, self.library.relayed) == 0 {
@@ -193,7 +207,10 @@ impl LibraryJob {
                 why,
             });
         }
-        Ok(kept_warning(&summary))
+        Ok(Connections {
+            warning: kept_warning(&summary),
+            direct: summary.connected_direct + summary.accepted_direct,
+        })
     }
 
     fn start_relays(&mut self, h0: &HostEntry, h1: &HostEntry) -> Result<(), LibraryError> {
@@ -344,11 +361,11 @@ fn kept_warning(s: &LogSummary) -> Option<String> {
 }
 
 /// How many of the ranks' connections in `s` the library moved to its
-/// stack (`relayed`: xdp through the relays; else shm), either rank's
-/// side of each.
+/// stack (`relayed`: xdp, through the relays or direct; else shm), either
+/// rank's side of each.
 fn moved(s: &LogSummary, relayed: bool) -> u64 {
     if relayed {
-        s.connected_xdp + s.accepted_xdp
+        s.connected_xdp + s.accepted_xdp + s.connected_direct + s.accepted_direct
     } else {
         s.connected_shm + s.accepted_shm
     }
@@ -376,6 +393,7 @@ mod tests {
         let s = LogSummary::parse(log);
         assert_eq!(moved(&s, true), 2);
         assert_eq!(moved(&s, false), 0);
+        assert_eq!(s.connected_direct + s.accepted_direct, 0);
         let warning = kept_warning(&s).expect("one kept");
         assert!(
             warning.starts_with("1 connections of the ranks") && warning.ends_with("no hello"),

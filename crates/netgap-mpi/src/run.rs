@@ -100,6 +100,8 @@ struct JobReport {
 struct LibraryReport {
     stack: String,
     relayed: bool,
+    /// Either rank's sides that went direct.
+    direct: u64,
 }
 
 /// How long to wait, after rank 0's first line, for Open MPI's reports of
@@ -187,10 +189,12 @@ fn one_job(
     // The ranks connected before rank 0's hello (rank 1 sent its name).
     let library = match &library {
         Some(l) => {
-            warnings.extend(l.connections()?);
+            let c = l.connections()?;
+            warnings.extend(c.warning);
             Some(LibraryReport {
                 stack: l.library().stack.clone(),
                 relayed: l.library().relayed,
+                direct: c.direct,
             })
         }
         None => None,
@@ -594,9 +598,14 @@ fn ranks_stack(
     }
     // Under the library the ranks' TCP is the program's API only: its
     // bytes take the library's stack (none on a link over shm, the xdp
-    // transport's frames through the relays).
+    // transport's frames, direct or through the relays: the path the
+    // ranks' connections took, as the library logged it).
     if let Some(l) = &report.library {
         stack.options.push(format!("preload={}", l.stack));
+        if l.relayed {
+            let path = if l.direct > 0 { "direct" } else { "relays" };
+            stack.options.push(format!("preload_path={path}"));
+        }
         stack.framing = if l.relayed {
             netgap_transport::framing(&l.stack)
         } else {

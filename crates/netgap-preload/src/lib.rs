@@ -80,12 +80,11 @@ pub(crate) struct Settings {
     pub(crate) spin_ns: u64,
     /// `NETGAP_PRELOAD_STACK` (`shm` unless it says `xdp`).
     pub(crate) stack: Stack,
-    /// `NETGAP_PRELOAD_DIRECT=1` (with the `xdp` feature): connections to
-    /// other hosts ask for a direct path first. Off by default for now: a
-    /// listener's side waits in its program's call for its relay's grant
-    /// or refusal (a round trip between the relays, up to their 3 s when
-    /// the connector's program never asks), and a busy server's event
-    /// loop waits with it.
+    /// With the `xdp` feature, connections to other hosts ask for a direct
+    /// path first (each on an AF_XDP socket of the program's own, set up
+    /// by the relays), unless `NETGAP_PRELOAD_DIRECT=0` keeps them on the
+    /// relays (to compare the two paths). A refusal falls back to the
+    /// relays with one log line.
     #[cfg(feature = "xdp")]
     pub(crate) direct: bool,
 }
@@ -119,7 +118,7 @@ pub(crate) fn settings() -> &'static Settings {
             _ => Stack::Shm,
         },
         #[cfg(feature = "xdp")]
-        direct: std::env::var("NETGAP_PRELOAD_DIRECT").as_deref() == Ok("1"),
+        direct: std::env::var("NETGAP_PRELOAD_DIRECT").as_deref() != Ok("0"),
     })
 }
 

@@ -336,11 +336,11 @@ mod tests {
                 data_token: test_token(),
             },
             Request::WorkloadPrepare {
-                // A workload's programs asking for direct connections.
+                // A workload's programs kept on the relays.
                 spec: {
                     let mut s = crate::workload::sample_spec(crate::workload::WorkloadRole::Server);
                     s.point.transport = "xdp".into();
-                    s.point.options.preload_direct = true;
+                    s.point.options.preload_relayed = true;
                     s
                 },
                 data_token: test_token(),

@@ -23,8 +23,10 @@ use serde::{Deserialize, Serialize};
 /// (`client_open`, `client_run`), so a point-to-point point runs between
 /// two agents while the coordinator only coordinates. Version 7: a point's
 /// transport options may ask the programs a workload runs under the
-/// preload library for direct connections (`preload_direct`).
-pub const PROTOCOL_VERSION: u32 = 7;
+/// preload library for direct connections (`preload_direct`). Version 8:
+/// they ask by default, and the options may keep them on the relays
+/// instead (`preload_relayed`).
+pub const PROTOCOL_VERSION: u32 = 8;
 
 /// Which part of a point a repetition belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -148,26 +148,27 @@ pub(crate) static RCVBUF: OptionDecl = OptionDecl {
 /// The socket buffer options alone: what unix and udp honour.
 pub(crate) static SOCKET_BUFFERS: &[&OptionDecl] = &[&SNDBUF, &RCVBUF];
 
-/// `--preload-direct`: the programs a workload runs under netgap's preload
-/// library across hosts ask for direct connections, each program driving
-/// the xdp transport on an AF_XDP socket of its own, instead of sending
-/// through its host's relay; the agents' roles give the programs
-/// `NETGAP_PRELOAD_DIRECT` (`netgap_workload::preload`). The workload plan
-/// refuses it for a point whose roles wrap no programs.
-pub(crate) static PRELOAD_DIRECT: OptionDecl = OptionDecl {
-    flag: "preload-direct",
+/// `--preload-relayed`: the programs a workload runs under netgap's preload
+/// library across hosts send through their hosts' relays instead of
+/// asking for direct connections (each program driving the xdp transport
+/// on an AF_XDP socket of its own), as they do by default: the path
+/// before direct connections, to compare with them. The agents' roles
+/// give the programs `NETGAP_PRELOAD_DIRECT=0` (`netgap_workload::preload`).
+/// The workload plan refuses it for a point whose roles wrap no programs.
+pub(crate) static PRELOAD_RELAYED: OptionDecl = OptionDecl {
+    flag: "preload-relayed",
     kind: OptionKind::Switch,
     value_name: "",
-    help: "Programs a workload runs under the preload library (web, gather --responder gmond, pipeline --stages program) connect directly over AF_XDP, not through the relays.",
+    help: "Programs a workload runs under the preload library (web, gather --responder gmond, pipeline --stages program) send through the relays instead of connecting directly over AF_XDP.",
     record: |o, _| {
-        o.preload_direct = true;
+        o.preload_relayed = true;
         Ok(())
     },
 };
 
-/// The options xdp honours: its wrapped programs' direct connections
-/// (its own flows take none).
-pub(crate) static XDP: &[&OptionDecl] = &[&PRELOAD_DIRECT];
+/// The options xdp honours: its wrapped programs' path (its own flows take
+/// none).
+pub(crate) static XDP: &[&OptionDecl] = &[&PRELOAD_RELAYED];
 
 /// Every option of every registered transport, each once, in registry
 /// order (a transport's own order within it): the flags of the command line.
@@ -226,18 +227,18 @@ mod tests {
     }
 
     #[test]
-    fn preload_direct_is_xdp_s_alone_and_recorded_as_given() {
-        assert_eq!(find("preload-direct"), Some(&PRELOAD_DIRECT));
-        assert_eq!(transports_taking(&PRELOAD_DIRECT), ["xdp"]);
+    fn preload_relayed_is_xdp_s_alone_and_recorded_as_given() {
+        assert_eq!(find("preload-relayed"), Some(&PRELOAD_RELAYED));
+        assert_eq!(transports_taking(&PRELOAD_RELAYED), ["xdp"]);
         let mut o = TransportOptions::default();
-        assert!(!o.preload_direct);
-        PRELOAD_DIRECT
+        assert!(!o.preload_relayed);
+        PRELOAD_RELAYED
             .apply_value(&mut o, &OptionValue::Switch)
             .expect("a switch");
         assert_eq!(
             o,
             TransportOptions {
-                preload_direct: true,
+                preload_relayed: true,
                 ..TransportOptions::default()
             }
         );

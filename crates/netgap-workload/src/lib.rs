@@ -184,15 +184,16 @@ pub trait Workload: Sync {
 
     /// How the command line asks for this workload's points whose roles
     /// run programs under netgap's preload library (`gather --responder
-    /// gmond`), for the refusal of `--preload-direct` elsewhere
-    /// ([`preload_direct_takers`]); `None`, it runs none, by default.
+    /// gmond`), for the refusal of `--preload-relayed` elsewhere
+    /// ([`preload_relayed_takers`]); `None`, it runs none, by default.
     fn wrapped_programs(&self) -> Option<&'static str> {
         None
     }
 
     /// Whether the roles of this point, with these options, run programs
-    /// under netgap's preload library (the ones `--preload-direct` asks
-    /// for direct connections); none by default.
+    /// under netgap's preload library (the ones whose connections to
+    /// other hosts go direct, or stay on the relays with
+    /// `--preload-relayed`); none by default.
     fn wraps_programs(&self, spec: &PointSpec, args: &options::WorkloadArgs) -> bool {
         let _ = (spec, args);
         false
@@ -341,7 +342,7 @@ impl netgap_core::registry::Named for dyn Workload {
 /// The workloads whose points may run programs under the preload
 /// library, as the command line asks for them: `web, gather --responder
 /// gmond, pipeline --stages program`.
-pub fn preload_direct_takers() -> String {
+pub fn preload_relayed_takers() -> String {
     registry()
         .iter()
         .filter_map(|w| w.wrapped_programs())
@@ -349,20 +350,20 @@ pub fn preload_direct_takers() -> String {
         .join(", ")
 }
 
-/// Refuses, in one line, `--preload-direct` for a point whose roles run
+/// Refuses, in one line, `--preload-relayed` for a point whose roles run
 /// no programs under the preload library: it would change nothing.
-pub fn check_preload_direct(
+pub fn check_preload_relayed(
     workload: &dyn Workload,
     spec: &PointSpec,
     args: &options::WorkloadArgs,
 ) -> Result<(), Refused> {
-    if !spec.options.preload_direct || workload.wraps_programs(spec, args) {
+    if !spec.options.preload_relayed || workload.wraps_programs(spec, args) {
         return Ok(());
     }
     Err(Refused(format!(
-        "--preload-direct does not apply to this {} point: it runs no programs under the preload library; it acts on {}",
+        "--preload-relayed does not apply to this {} point: it runs no programs under the preload library; it acts on {}",
         workload.name(),
-        preload_direct_takers()
+        preload_relayed_takers()
     )))
 }
 
@@ -470,7 +471,7 @@ mod tests {
     }
 
     #[test]
-    fn preload_direct_is_refused_for_a_point_that_wraps_no_programs() {
+    fn preload_relayed_is_refused_for_a_point_that_wraps_no_programs() {
         use netgap_core::spec::{Mode, TransportOptions};
         use options::{OptionValue, WorkloadArgs};
         let args = |pairs: &[(&'static str, &str)]| {
@@ -487,7 +488,7 @@ mod tests {
             mode: Mode::Event,
             size_bytes: 1024,
             options: TransportOptions {
-                preload_direct: true,
+                preload_relayed: true,
                 ..TransportOptions::default()
             },
             server_cpu: None,
@@ -495,11 +496,11 @@ mod tests {
             verify: false,
         };
         assert_eq!(
-            preload_direct_takers(),
+            preload_relayed_takers(),
             "web, gather --responder gmond, pipeline --stages program"
         );
         let check = |w: &str, spec: &PointSpec, a: &WorkloadArgs| {
-            check_preload_direct(find(w).unwrap(), spec, a)
+            check_preload_relayed(find(w).unwrap(), spec, a)
         };
         // The workloads' programs under the library over xdp.
         assert!(check("web", &spec, &args(&[])).is_ok());
@@ -515,11 +516,11 @@ mod tests {
             let e = check(w, &spec, &a).unwrap_err().to_string();
             assert_eq!(
                 e,
-                format!("--preload-direct does not apply to this {w} point: it runs no programs under the preload library; it acts on web, gather --responder gmond, pipeline --stages program"),
+                format!("--preload-relayed does not apply to this {w} point: it runs no programs under the preload library; it acts on web, gather --responder gmond, pipeline --stages program"),
             );
         }
         // Without the option nothing is refused.
-        spec.options.preload_direct = false;
+        spec.options.preload_relayed = false;
         assert!(check("multistream", &spec, &args(&[])).is_ok());
     }
 

@@ -54,7 +54,8 @@ pub(crate) struct LibraryStack {
     /// The library's stack, the point's transport (`shm`, or `xdp`: also
     /// through the host's relay).
     pub(crate) name: String,
-    /// The programs ask for direct connections (`--preload-direct`).
+    /// The programs ask for direct connections: under xdp, unless the
+    /// point keeps them on the relays (`--preload-relayed`).
     pub(crate) direct: bool,
 }
 
@@ -63,7 +64,7 @@ impl LibraryStack {
     pub(crate) fn of(point: &PointSpec) -> LibraryStack {
         LibraryStack {
             name: point.transport.clone(),
-            direct: point.options.preload_direct,
+            direct: point.transport == "xdp" && !point.options.preload_relayed,
         }
     }
 
@@ -86,13 +87,14 @@ impl LibraryStack {
 }
 
 impl std::fmt::Display for LibraryStack {
-    /// `xdp`, or `xdp with direct connections`.
+    /// `shm`, `xdp with direct connections` or `xdp through the relays`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.name)?;
-        if self.direct {
-            f.write_str(" with direct connections")?;
+        match (self.name.as_str(), self.direct) {
+            (_, true) => f.write_str(" with direct connections"),
+            ("xdp", false) => f.write_str(" through the relays"),
+            _ => Ok(()),
         }
-        Ok(())
     }
 }
 
@@ -725,19 +727,20 @@ mod tests {
             mode: netgap_core::spec::Mode::Event,
             size_bytes: 1024,
             options: netgap_core::spec::TransportOptions {
-                preload_direct: direct,
+                preload_relayed: !direct,
                 ..netgap_core::spec::TransportOptions::default()
             },
             server_cpu: None,
             io_timeout_ms: 3000,
             verify: false,
         };
-        let env = |direct: bool| {
-            LibraryStack::of(&point(direct)).env(
+        let env_of = |point: &PointSpec| {
+            LibraryStack::of(point).env(
                 Path::new("/opt/libnetgap_preload.so"),
                 Path::new("/run/x/preload.log"),
             )
         };
+        let env = |direct: bool| env_of(&point(direct));
         let value = |env: &[(OsString, OsString)], key: &str| {
             env.iter()
                 .find(|(k, _)| k == key)
@@ -758,7 +761,17 @@ mod tests {
             LibraryStack::of(&point(true)).to_string(),
             "xdp with direct connections"
         );
-        assert_eq!(LibraryStack::of(&point(false)).to_string(), "xdp");
+        assert_eq!(
+            LibraryStack::of(&point(false)).to_string(),
+            "xdp through the relays"
+        );
+        // Shared memory has no direct connections to ask for.
+        let shm = PointSpec {
+            transport: "shm".into(),
+            ..point(true)
+        };
+        assert_eq!(value(&env_of(&shm), DIRECT_ENV), "0");
+        assert_eq!(LibraryStack::of(&shm).to_string(), "shm");
     }
 
     #[test]

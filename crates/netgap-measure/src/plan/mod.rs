@@ -134,7 +134,7 @@ impl Plan {
         what: &str,
     ) -> Result<Plan, PlanError> {
         let mut settings = Settings::new(c, what)?;
-        settings.refuse_preload_direct(what)?;
+        settings.refuse_preload_relayed(what)?;
         let (points, skipped) = settings.points(tests, sizes)?;
         settings.place_point_to_point()?;
         Ok(Plan {

@@ -189,24 +189,24 @@ impl Settings {
             ..r.common(DEFAULT_REP_TIME)
         };
         let mut settings = Settings::new(&c, what)?;
-        settings.refuse_preload_direct(what)?;
+        settings.refuse_preload_relayed(what)?;
         settings.place_point_to_point()?;
         Ok(settings)
     }
 
-    /// Refuses `--preload-direct` for the tests of a point-to-point run
+    /// Refuses `--preload-relayed` for the tests of a point-to-point run
     /// (`what`), whose flows are netgap's own and no program's: it would
     /// change nothing.
-    pub(crate) fn refuse_preload_direct(&self, what: &str) -> Result<(), PlanError> {
-        if !self.stacks.options.preload_direct {
+    pub(crate) fn refuse_preload_relayed(&self, what: &str) -> Result<(), PlanError> {
+        if !self.stacks.options.preload_relayed {
             return Ok(());
         }
         Err(no_effect(
-            "--preload-direct",
+            "--preload-relayed",
             what,
             format!(
-                "it asks the programs a workload runs under the preload library for direct connections ({}), and {what} runs netgap's own flows",
-                netgap_workload::preload_direct_takers()
+                "it keeps the connections of the programs a workload runs under the preload library on the relays ({}), and {what} runs netgap's own flows",
+                netgap_workload::preload_relayed_takers()
             ),
         ))
     }

@@ -224,12 +224,12 @@ fn an_option_a_transport_ignores_is_refused() {
 }
 
 #[test]
-fn preload_direct_is_refused_off_xdp_and_for_netgap_s_own_flows() {
+fn preload_relayed_is_refused_off_xdp_and_for_netgap_s_own_flows() {
     let mut r = req("pingpong");
-    r.transport.options = vec![option("preload-direct", OptionValue::Switch)];
+    r.transport.options = vec![option("preload-relayed", OptionValue::Switch)];
     let e = err(&r);
     assert!(
-        e.starts_with("--preload-direct does not apply to transport tcp"),
+        e.starts_with("--preload-relayed does not apply to transport tcp"),
         "{e}"
     );
     // Over xdp (where this build and host have it), a point-to-point
@@ -238,7 +238,7 @@ fn preload_direct_is_refused_off_xdp_and_for_netgap_s_own_flows() {
         r.transport.transports = vec!["xdp".into()];
         assert_eq!(
             err(&r),
-            "--preload-direct does not apply to pingpong: it asks the programs a workload runs under the preload library for direct connections (web, gather --responder gmond, pipeline --stages program), and pingpong runs netgap's own flows"
+            "--preload-relayed does not apply to pingpong: it keeps the connections of the programs a workload runs under the preload library on the relays (web, gather --responder gmond, pipeline --stages program), and pingpong runs netgap's own flows"
         );
     }
 }

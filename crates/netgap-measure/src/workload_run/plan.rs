@@ -491,7 +491,7 @@ fn workload_points(
                 seen.push(key);
                 for args in &arg_points {
                     test.check_args(&spec, t, args)?;
-                    netgap_workload::check_preload_direct(test, &spec, args)?;
+                    netgap_workload::check_preload_relayed(test, &spec, args)?;
                     let mut params = test.params(&spec, args);
                     if bidir {
                         if let Some(o) = params.as_object_mut() {

@@ -317,9 +317,9 @@ impl Workload for Web {
                 )))
             }
         }
-        // `--preload-direct` is for the programs, the one option that is.
+        // `--preload-relayed` is for the programs, the one option that is.
         let own = netgap_core::spec::TransportOptions {
-            preload_direct: false,
+            preload_relayed: false,
             ..spec.options.clone()
         };
         if own != netgap_core::spec::TransportOptions::default() {
