@@ -557,7 +557,10 @@ fn a_direct_connection_gets_one_queue_at_both_ends_freed_when_its_program_hangs_
     drop(c);
     r1.wait_log(&freed, Duration::from_secs(5));
 
-    // A new connection gets the same (lowest) queue again at both ends.
+    // A new connection gets the same (lowest) queue again at both ends,
+    // once the relays stop passing over a queue just released (200 ms,
+    // while the kernel may still be freeing the last socket's hold on it).
+    std::thread::sleep(Duration::from_millis(300));
     let (c, a) = both_sides(bed, [0x32; 32]);
     assert_eq!((c.1.queue, a.1.queue), (q, q), "{:?} {:?}", c.1, a.1);
     drop((c, a));

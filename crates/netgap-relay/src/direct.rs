@@ -39,6 +39,7 @@ use netgap_proto::preload::RelayReply;
 use netgap_proto::relay::Kind;
 use netgap_transport::xdp::{parse_addr, Xdp, XdpAddr};
 use netgap_transport::Transport;
+pub(crate) use port::Spares;
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -90,6 +91,7 @@ pub(crate) fn hub_part(config: &RelayConfig, rx_queues: u16) -> DirectHub {
             config.max_direct_per_uid,
         ))),
         next_token: AtomicU64::new(1),
+        spares: port::spares(),
     }
 }
 
@@ -348,7 +350,7 @@ fn accept(
         queue,
     };
     let flow = random_flow().map_err(|e| answer_no(DirectError::Random(e)))?;
-    let made = port::make(&hub.iface.name, queue, peer_mac, flow)
+    let made = port::make(&d.spares, &hub.iface.name, queue, peer_mac, flow)
         .map_err(|e| answer_no(DirectError::Port(e)))?;
     link.0
         .answer(offer.key, QueueAnswer::Agreed { queue, flow });
@@ -528,7 +530,8 @@ fn connect(
         queues: Arc::clone(&d.queues),
         queue,
     };
-    let made = port::make(&hub.iface.name, queue, t.mac, flow).map_err(DirectError::Port)?;
+    let made =
+        port::make(&d.spares, &hub.iface.name, queue, t.mac, flow).map_err(DirectError::Port)?;
     let grant = DirectGrant {
         queue,
         local_flow: flow,
@@ -542,6 +545,7 @@ fn connect(
 /// (with the xdp feature; without it the relay does not run).
 #[cfg(feature = "xdp")]
 mod port {
+    pub(crate) use crate::spares::Spares;
     use netgap_proto::direct::{DirectGrant, Mac};
     use netgap_transport::xdp::direct::DirectConn;
     use netgap_transport::xdp::handover::{self, HandedPort};
@@ -554,6 +558,11 @@ mod port {
     /// of a transport port's: the kernel pins every page of it at the
     /// port's making, a cost each connection's setup pays).
     const SHAPE: Shape = DirectConn::SHAPE;
+
+    /// The pool of spare ports of the direct connections' shape.
+    pub(crate) fn spares() -> std::sync::Arc<Spares> {
+        Spares::start(SHAPE)
+    }
 
     /// How long a queue a closed socket still holds is waited for.
     const BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
@@ -568,7 +577,13 @@ mod port {
     /// Makes the port on `queue` of `ifname`, puts its socket in the
     /// interface's shared steering, and registers the connection (frames
     /// from `peer_mac` to `flow` only).
-    pub(crate) fn make(ifname: &str, queue: u16, peer_mac: Mac, flow: u16) -> io::Result<Made> {
+    pub(crate) fn make(
+        spares: &Spares,
+        ifname: &str,
+        queue: u16,
+        peer_mac: Mac,
+        flow: u16,
+    ) -> io::Result<Made> {
         let steering = Steering::shared(ifname)?;
         let name = std::ffi::CString::new(ifname)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in the name"))?;
@@ -580,13 +595,20 @@ mod port {
         // The kernel frees a closed socket's hold on its queue a little
         // after the close (deferred work): the socket of the connection
         // that held this queue last may still hold it.
+        // A spare, made ahead: only the bind is left, which ties it to
+        // the queue.
         let t0 = std::time::Instant::now();
+        let mut unbound = spares.take()?;
         let port = loop {
-            match handover::make(ifindex, u32::from(queue), SHAPE) {
-                Err(e) if e.kind() == io::ErrorKind::ResourceBusy && t0.elapsed() < BUSY_WAIT => {
-                    std::thread::sleep(std::time::Duration::from_millis(5));
+            match unbound.bind(ifindex, u32::from(queue)) {
+                Ok(port) => break port,
+                Err((u, e))
+                    if e.kind() == io::ErrorKind::ResourceBusy && t0.elapsed() < BUSY_WAIT =>
+                {
+                    unbound = u;
+                    std::thread::sleep(std::time::Duration::from_millis(1));
                 }
-                made => break made?,
+                Err((_, e)) => return Err(e),
             }
         };
         steering.put_socket(u32::from(queue), port.socket.as_raw_fd())?;
@@ -633,7 +655,20 @@ mod port {
         )
     }
 
-    pub(crate) fn make(_ifname: &str, _queue: u16, _peer_mac: Mac, _flow: u16) -> io::Result<Made> {
+    /// No spares without the feature.
+    pub(crate) struct Spares;
+
+    pub(crate) fn spares() -> std::sync::Arc<Spares> {
+        std::sync::Arc::new(Spares)
+    }
+
+    pub(crate) fn make(
+        _spares: &Spares,
+        _ifname: &str,
+        _queue: u16,
+        _peer_mac: Mac,
+        _flow: u16,
+    ) -> io::Result<Made> {
         Err(no_xdp())
     }
 

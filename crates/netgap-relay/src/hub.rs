@@ -78,6 +78,8 @@ pub(crate) struct DirectHub {
     pub(crate) queues: Arc<Mutex<Queues>>,
     /// Tokens naming the offers in flight in `queues`.
     pub(crate) next_token: std::sync::atomic::AtomicU64,
+    /// Ports made ahead, bound to a queue at their grant.
+    pub(crate) spares: Arc<crate::direct::Spares>,
 }
 
 impl DirectHub {

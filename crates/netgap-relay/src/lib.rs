@@ -185,6 +185,8 @@ mod rendezvous;
 mod request;
 mod ring;
 mod server;
+#[cfg(feature = "xdp")]
+mod spares;
 mod table;
 
 /// The relay's settings as the command line gives them, unchecked

@@ -10,10 +10,23 @@
 //! offers made at the same moment each find queues while any are free. A
 //! uid holds at most its cap of queues, and never every queue of an
 //! interface that has two or more.
+//!
+//! A queue released a moment ago is taken or offered only when no other
+//! is free ([`COOLING`]): the kernel frees the last socket's hold on a
+//! queue in deferred work after its close, and a bind meanwhile fails
+//! with `EBUSY` (waited out, up to tens of milliseconds, inside a
+//! connection's setup). Short connections one after another (a gather's)
+//! so take turns on two or three queues rather than wait on one.
 
 use netgap_proto::direct::{agree, free_queues, MAX_QUEUES};
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 use thiserror::Error;
+
+/// How long a released queue is passed over while others are free: more
+/// than the kernel's deferred freeing of a closed AF_XDP socket's queue
+/// takes on a loaded host (a few to tens of milliseconds).
+pub(crate) const COOLING: Duration = Duration::from_millis(200);
 
 /// Most queues one offer names and reserves: enough for the other relay
 /// to find one free at its end too (both ends' busy queues are mostly the
@@ -50,6 +63,8 @@ pub(crate) struct Queues {
     held: HashMap<u16, u32>,
     /// Offer's token → (uid, the mask it reserved).
     offered: HashMap<u64, (u32, u32)>,
+    /// Released queue → when, while [`COOLING`].
+    released: HashMap<u16, Instant>,
     max_per_uid: u32,
 }
 
@@ -62,6 +77,7 @@ impl Queues {
             count: count.min(MAX_QUEUES),
             held: HashMap::new(),
             offered: HashMap::new(),
+            released: HashMap::new(),
             max_per_uid,
         }
     }
@@ -88,6 +104,23 @@ impl Queues {
         free_queues(self.count, self.held.keys().copied()) & !reserved
     }
 
+    /// The free queues to choose from at `now`: those not released within
+    /// [`COOLING`], or every free one when those are all.
+    fn settled(&mut self, now: Instant) -> u32 {
+        self.released
+            .retain(|_, at| now.saturating_duration_since(*at) < COOLING);
+        let free = self.free();
+        let cooling = self
+            .released
+            .keys()
+            .filter(|&&q| q < MAX_QUEUES)
+            .fold(0u32, |m, &q| m | (1u32 << q));
+        match free & !cooling {
+            0 => free,
+            settled => settled,
+        }
+    }
+
     /// An offer of `uid`'s, as `token`: a quarter of the free queues (at
     /// least one, at most [`OFFER_QUEUES`]), reserved until
     /// [`Queues::settle`]; the lowest, or the highest when `from_top`.
@@ -103,8 +136,8 @@ impl Queues {
         from_top: bool,
     ) -> Result<u32, QueueError> {
         self.check_uid(uid)?;
-        let free = self.free();
-        let n = (free.count_ones() / 4).clamp(1, OFFER_QUEUES);
+        let n = (self.free().count_ones() / 4).clamp(1, OFFER_QUEUES);
+        let free = self.settled(Instant::now());
         let mask = if from_top {
             highest(free, n)
         } else {
@@ -141,14 +174,19 @@ impl Queues {
         if ours == 0 {
             return Err(QueueError::NoneFree(self.iface.clone()));
         }
-        let q = agree(ours, theirs).ok_or(QueueError::NoneShared)?;
+        let settled = self.settled(Instant::now());
+        let q = agree(settled, theirs)
+            .or_else(|| agree(ours, theirs))
+            .ok_or(QueueError::NoneShared)?;
         self.held.insert(q, uid);
         Ok(q)
     }
 
     /// Queue `q` is free again (its connection's program hung up).
     pub(crate) fn release(&mut self, q: u16) {
-        self.held.remove(&q);
+        if self.held.remove(&q).is_some() {
+            self.released.insert(q, Instant::now());
+        }
     }
 }
 
@@ -196,6 +234,30 @@ mod tests {
         assert_eq!(q.free(), 0b1010);
         assert_eq!(q.take(3, 0b0010).unwrap(), 1, "the same queue again");
         assert_eq!(q.take(3, 0b0100), Err(QueueError::NoneShared));
+    }
+
+    /// A queue whose socket the kernel may still be freeing is passed
+    /// over while another is free, and taken when it is the only one.
+    #[test]
+    fn a_queue_just_released_waits_while_another_is_free() {
+        let mut q = Queues::new("eth1", 4, 8);
+        assert_eq!(q.take(1, !1).unwrap(), 1);
+        q.release(1);
+        assert_eq!(q.take(2, !1).unwrap(), 2, "not the queue just released");
+        let offer = q.offer(7, 3, false).unwrap();
+        assert_eq!(offer, 0b1000, "the offer names the settled queue");
+        q.settle(7, None).unwrap();
+        q.released.insert(1, Instant::now() - COOLING);
+        assert_eq!(q.offer(8, 3, false).unwrap(), 0b0010, "cooled down");
+        q.settle(8, None).unwrap();
+        q.release(2);
+        q.held.insert(3, 9);
+        q.held.insert(1, 9);
+        assert_eq!(
+            q.take(3, !1).unwrap(),
+            2,
+            "the only free one, cooling or not"
+        );
     }
 
     #[test]

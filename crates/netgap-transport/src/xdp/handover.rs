@@ -133,13 +133,34 @@ fn set_xdp_opt<T>(fd: RawFd, opt: libc::c_int, value: &T, what: &str) -> io::Res
 /// Makes a UMEM of `shape` in a memfd and an AF_XDP socket over it (copy
 /// mode, with wake-ups), bound to `queue` of interface `ifindex` in this
 /// thread's namespace. Needs the rights AF_XDP needs (`CAP_NET_RAW`).
+/// [`prepare`] then [`Unbound::bind`].
 pub fn make(ifindex: u32, queue: u32, shape: Shape) -> io::Result<HandedPort> {
+    prepare(shape)?.bind(ifindex, queue).map_err(|(_, e)| e)
+}
+
+/// A port's socket with its UMEM registered and its rings sized, bound to
+/// no queue yet: all of a port's making but the bind, which is what ties
+/// it to a queue. The UMEM's registration, the costly part (the kernel
+/// faults in and pins every page of it, milliseconds for 4 MiB), can so be
+/// done before anyone knows the queue. Never bound, it receives nothing
+/// and its drop frees it all.
+#[derive(Debug)]
+pub struct Unbound {
+    socket: OwnedFd,
+    umem: OwnedFd,
+    shape: Shape,
+}
+
+/// Makes a UMEM of `shape` in a fresh memfd and a fresh AF_XDP socket over
+/// it, rings sized, bound to nothing ([`Unbound::bind`] binds it). Needs
+/// `CAP_NET_RAW`.
+pub fn prepare(shape: Shape) -> io::Result<Unbound> {
     let geometry = Geometry {
         frames: shape.frames,
         frame_bytes: shape.frame_bytes,
         ring_entries: shape.ring_entries,
-        queue,
-        ifindex,
+        queue: 0,
+        ifindex: 0,
     };
     // Checked as the user will check it.
     Geometry::from_bytes(&geometry.to_bytes())?;
@@ -173,31 +194,64 @@ pub fn make(ifindex: u32, queue: u32, shape: Shape) -> io::Result<HandedPort> {
     ] {
         set_xdp_opt(socket.as_raw_fd(), opt, &entries, what)?;
     }
-    let addr = libc::sockaddr_xdp {
-        sxdp_family: libc::AF_XDP as u16,
-        sxdp_flags: XDP_COPY | XDP_USE_NEED_WAKEUP,
-        sxdp_ifindex: ifindex,
-        sxdp_queue_id: queue,
-        sxdp_shared_umem_fd: 0,
-    };
-    // SAFETY: `addr` is a live `sockaddr_xdp` of the length given.
-    let rc = unsafe {
-        libc::bind(
-            socket.as_raw_fd(),
-            ptr::from_ref(&addr).cast(),
-            std::mem::size_of::<libc::sockaddr_xdp>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        return Err(last_error(&format!(
-            "binding the AF_XDP socket to queue {queue}"
-        )));
-    }
-    Ok(HandedPort {
+    Ok(Unbound {
         socket,
         umem,
-        geometry,
+        shape,
     })
+}
+
+impl Unbound {
+    /// Binds the socket to `queue` of interface `ifindex` in this thread's
+    /// namespace: the port, ready to hand over. On an error (`EBUSY`: the
+    /// queue's last socket is still being freed by the kernel) the socket
+    /// stays unbound and comes back with it, to be bound again.
+    #[allow(
+        clippy::result_large_err,
+        reason = "the unbound port comes back whole, to be bound again"
+    )]
+    pub fn bind(self, ifindex: u32, queue: u32) -> Result<HandedPort, (Unbound, io::Error)> {
+        let addr = libc::sockaddr_xdp {
+            sxdp_family: libc::AF_XDP as u16,
+            sxdp_flags: XDP_COPY | XDP_USE_NEED_WAKEUP,
+            sxdp_ifindex: ifindex,
+            sxdp_queue_id: queue,
+            sxdp_shared_umem_fd: 0,
+        };
+        // SAFETY: `addr` is a live `sockaddr_xdp` of the length given.
+        let rc = unsafe {
+            libc::bind(
+                self.socket.as_raw_fd(),
+                ptr::from_ref(&addr).cast(),
+                std::mem::size_of::<libc::sockaddr_xdp>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            let e = last_error(&format!("binding the AF_XDP socket to queue {queue}"));
+            return Err((self, e));
+        }
+        Ok(HandedPort {
+            socket: self.socket,
+            umem: self.umem,
+            geometry: Geometry {
+                frames: self.shape.frames,
+                frame_bytes: self.shape.frame_bytes,
+                ring_entries: self.shape.ring_entries,
+                queue,
+                ifindex,
+            },
+        })
+    }
+
+    /// The socket, for its identity (tests, logs).
+    pub fn socket(&self) -> BorrowedFd<'_> {
+        self.socket.as_fd()
+    }
+
+    /// The UMEM's memfd, for its identity.
+    pub fn umem(&self) -> BorrowedFd<'_> {
+        self.umem.as_fd()
+    }
 }
 
 /// Registers the memfd's pages as the socket's UMEM. The kernel pins them
