@@ -230,18 +230,19 @@ fn read_mtu_bytes(name: &str) -> Option<u32> {
     })
 }
 
-/// `struct ifreq` with its union used as `ifr_mtu`, padded to the kernel's
-/// size (a 16-byte name and a 24-byte union).
-#[repr(C)]
-struct IfreqMtu {
-    name: [libc::c_char; libc::IFNAMSIZ],
-    mtu: libc::c_int,
-    _pad: [u8; 20],
-}
-
 /// The MTU of interface `name` in this thread's network namespace
 /// (`SIOCGIFMTU`).
 pub(crate) fn read_mtu_ioctl(name: &str) -> Option<u32> {
+    let req = interface_ioctl(name, libc::SIOCGIFMTU)?;
+    // SAFETY: SIOCGIFMTU wrote the union's `ifru_mtu`.
+    u32::try_from(unsafe { req.ifr_ifru.ifru_mtu }).ok()
+}
+
+/// `ioctl(request)` on interface `name` in this thread's network
+/// namespace (a `SIOCGIF*` that fills the `ifreq`'s union); the `ifreq`
+/// it filled, or `None` for a name the kernel cannot hold or a failed
+/// call.
+pub(crate) fn interface_ioctl(name: &str, request: libc::c_ulong) -> Option<libc::ifreq> {
     let bytes = name.as_bytes();
     if bytes.is_empty() || bytes.len() >= libc::IFNAMSIZ {
         return None;
@@ -254,24 +255,21 @@ pub(crate) fn read_mtu_ioctl(name: &str) -> Option<u32> {
     }
     // SAFETY: `fd` is a fresh descriptor nothing else owns.
     let sock = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    let mut req = IfreqMtu {
-        name: [0; libc::IFNAMSIZ],
-        mtu: 0,
-        _pad: [0; 20],
-    };
-    for (dst, &b) in req.name.iter_mut().zip(bytes) {
+    // SAFETY: all-zero bytes are a valid ifreq.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, &b) in req.ifr_name.iter_mut().zip(bytes) {
         *dst = b as libc::c_char;
     }
-    // SAFETY: `req` is a valid, NUL-terminated ifreq alive for the call;
-    // SIOCGIFMTU writes only its `ifr_mtu`.
+    // SAFETY: `req` is a valid, NUL-terminated ifreq alive for the call,
+    // of the size every SIOCGIF* request writes into.
     let rc = unsafe {
         libc::ioctl(
             std::os::fd::AsRawFd::as_raw_fd(&sock),
-            libc::SIOCGIFMTU as _,
-            &mut req as *mut IfreqMtu,
+            request as _,
+            &raw mut req,
         )
     };
-    (rc == 0).then(|| u32::try_from(req.mtu).ok()).flatten()
+    (rc == 0).then_some(req)
 }
 
 #[cfg(test)]
