@@ -238,6 +238,19 @@ pub(crate) fn read_mtu_ioctl(name: &str) -> Option<u32> {
     u32::try_from(unsafe { req.ifr_ifru.ifru_mtu }).ok()
 }
 
+/// The MAC address of interface `name` in this thread's network
+/// namespace (`SIOCGIFHWADDR`).
+pub(crate) fn read_mac_ioctl(name: &str) -> Option<[u8; 6]> {
+    let req = interface_ioctl(name, libc::SIOCGIFHWADDR)?;
+    // SAFETY: SIOCGIFHWADDR wrote the union's `ifru_hwaddr`.
+    let data = unsafe { req.ifr_ifru.ifru_hwaddr.sa_data };
+    let mut mac = [0u8; 6];
+    for (m, d) in mac.iter_mut().zip(data) {
+        *m = d as u8;
+    }
+    Some(mac)
+}
+
 /// `ioctl(request)` on interface `name` in this thread's network
 /// namespace (a `SIOCGIF*` that fills the `ifreq`'s union); the `ifreq`
 /// it filled, or `None` for a name the kernel cannot hold or a failed
@@ -288,6 +301,26 @@ mod tests {
         assert!(!facts.cpu_model.is_empty());
         assert!(facts.cores >= 1);
         assert_eq!(facts.netgap_version, netgap_core::VERSION);
+    }
+
+    #[test]
+    fn each_interface_s_mac_from_its_ioctl_is_the_one_its_addresses_list() {
+        let mut seen = 0;
+        for a in nix::ifaddrs::getifaddrs().expect("getifaddrs") {
+            let Some(mac) = a.address.and_then(|s| s.as_link_addr()?.addr()) else {
+                continue;
+            };
+            assert_eq!(
+                read_mac_ioctl(&a.interface_name),
+                Some(mac),
+                "{}",
+                a.interface_name
+            );
+            seen += 1;
+        }
+        assert!(seen >= 1, "lo at least has a link address");
+        assert_eq!(read_mac_ioctl("no-such-if0"), None);
+        assert_eq!(read_mac_ioctl(&"x".repeat(libc::IFNAMSIZ)), None);
     }
 
     #[test]

@@ -603,17 +603,17 @@ fn keys(setup: &DirectSetup, local_mac: Mac) -> FrameKeys {
     FrameKeys::derive_direct(&setup.key, side, &client, &server)
 }
 
-/// The MAC and MTU of interface `ifindex` in this thread's namespace.
+/// The MAC and MTU of interface `ifindex` in this thread's namespace,
+/// each from one ioctl (at every direct connection's setup: a walk of
+/// every interface's addresses, as `getifaddrs` makes, took a netlink
+/// dump of them all).
 fn interface(ifindex: u32) -> io::Result<(Mac, usize)> {
     let name = nix::net::if_::if_indextoname(ifindex)
         .map_err(io::Error::from)?
         .into_string()
         .map_err(|_| io::Error::other("the interface's name is not UTF-8"))?;
-    let mac = nix::ifaddrs::getifaddrs()
-        .map_err(io::Error::from)?
-        .filter(|a| a.interface_name == name)
-        .find_map(|a| a.address?.as_link_addr()?.addr())
-        .ok_or_else(|| io::Error::other(format!("{name} has no MAC address")))?;
+    let mac = crate::host::read_mac_ioctl(&name)
+        .ok_or_else(|| io::Error::other(format!("cannot read the MAC address of {name}")))?;
     let mtu = crate::host::read_mtu_ioctl(&name)
         .ok_or_else(|| io::Error::other(format!("cannot read the MTU of {name}")))?;
     Ok((mac, mtu as usize))
