@@ -333,7 +333,7 @@ impl PortState {
     /// time.
     fn pump_fixed(&mut self, id: u16) {
         let io = &mut self.io;
-        if !io.tx_queued && io.tx_outstanding == 0 && !io.xsk.anything_arrived() {
+        if !io.tx_queued && !io.stamps_due && io.tx_outstanding == 0 && !io.xsk.anything_arrived() {
             let now = io.now_ns();
             if let Ok((io, s)) = self.session(id) {
                 if s.fixed_next_timer(io, now).is_none_or(|d| !d.is_zero()) {

@@ -66,6 +66,7 @@ impl Shared {
         // the port's clock.
         let mut spin_since_ns: Option<u64> = None;
         let mut first = true;
+        let mut first_pump = true;
         let mut seen_arrivals = 0u64;
         loop {
             self.port.kick_error()?;
@@ -80,10 +81,9 @@ impl Shared {
                     return Ok(v);
                 }
             }
-            // A fresh clock for every event-mode wake-up; a poll-mode spin
-            // uses a recent pump's (the deadline starts at the first pump
-            // that read it).
-            st.pump(self.mode == Mode::Event);
+            // A fresh clock for every event-mode wake-up and a wait's first
+            // pump; a poll-mode spin after it uses a recent pump's.
+            st.pump(self.mode == Mode::Event || std::mem::take(&mut first_pump));
             let (io, s) = st.session(self.id)?;
             if let Some(v) = attempt(io, s)? {
                 return Ok(v);

@@ -153,6 +153,9 @@ pub(crate) struct PortIo {
     pumps_unclocked: u32,
     /// The latest pump read the clock (`now_cache_ns` is fresh).
     clock_read: bool,
+    /// Data frames went with a provisional time: the next pump reads the
+    /// clock and gives them its time (see [`Session::send_some`]).
+    stamps_due: bool,
     /// Scratch of the pump, kept so that it allocates nothing: slots
     /// completed or received, the bytes of the frames copied out, the
     /// frames received in order (taken in place, or where each copied one
@@ -223,6 +226,7 @@ impl PortIo {
             now_cache_ns: 0,
             pumps_unclocked: 0,
             clock_read: false,
+            stamps_due: false,
             scratch_slots: Vec::with_capacity(RX_BATCH as usize),
             fill_pending: Vec::with_capacity(FILL_BATCH + RX_BATCH as usize),
             scratch_frames: Vec::new(),
@@ -369,6 +373,10 @@ pub(crate) struct Session {
     /// opened (a direct connection); `None` for a flow opened through a
     /// listener.
     fixed: Option<fixed::Fixed>,
+    /// The first of the data frames sent with a provisional time (the
+    /// port's latest clock read) and not yet given a time read after they
+    /// were queued ([`SendWindow::stamp_from`]), if any.
+    unstamped_from: Option<u32>,
 }
 
 /// What the pump's first pass did with a frame received.
@@ -528,14 +536,25 @@ impl PortState {
     /// One round of the port: completions, receptions (each into its
     /// session), timers, acknowledgments, the doorbell, then the waiters
     /// of every session that got something are woken. The clock is read
-    /// only when frames arrived or `fresh_clock`, or after
-    /// [`PUMPS_PER_CLOCK_READ`] pumps that did not (else the timers see
-    /// the time of an earlier pump): a poll-mode waiter's spins.
+    /// when `fresh_clock`, when data frames sent since the last pump wait
+    /// for their time, or after [`PUMPS_PER_CLOCK_READ`] pumps that did
+    /// not read it; else the pump works on the time of an earlier one.
+    ///
+    /// Every caller that starts pumping (a wait's first pump, a pump on its
+    /// own) passes `fresh_clock`, so the time a frame is taken at is at
+    /// most [`PUMPS_PER_CLOCK_READ`] pumps of the same wait old: a few µs
+    /// of spinning, against timers of hundreds of µs and more. Frames that
+    /// arrive are not worth a read of their own: in a ping-pong it would
+    /// stand between the frame and the reply (36 ns a read on the 2-vCPU
+    /// KVM guest of BENCHMARKS.md, four of them a round trip with the
+    /// sends' ones), while the read this wait began with came as it
+    /// waited anyway.
     fn pump(&mut self, fresh_clock: bool) {
         let io = &mut self.io;
         // Nothing on the rings, nothing to ring the bell for and the timers
         // looked at lately: the pump would find nothing to do.
         if !fresh_clock
+            && !io.stamps_due
             && io.pumps_unclocked + 1 < PUMPS_PER_CLOCK_READ
             && !io.tx_queued
             && io.tx_outstanding == 0
@@ -547,17 +566,20 @@ impl PortState {
         }
         let mut slots = std::mem::take(&mut io.scratch_slots);
         io.reap_completions(&mut slots);
-        // The clock is read when frames wait on the RX ring (their round
-        // trips are timed) and every few idle pumps (for the timers), not
-        // on every spin of a poll-mode waiter.
-        let arriving = io.xsk.rx_waiting();
         io.pumps_unclocked += 1;
-        io.clock_read = arriving || fresh_clock || io.pumps_unclocked >= PUMPS_PER_CLOCK_READ;
+        io.clock_read = fresh_clock || io.stamps_due || io.pumps_unclocked >= PUMPS_PER_CLOCK_READ;
         if io.clock_read {
             io.now_cache_ns = io.now_ns();
             io.pumps_unclocked = 0;
         }
         let now = io.now_cache_ns;
+        // Before anything reads the frames' times (acknowledgments,
+        // timers): the frames sent since the last pump get this one's.
+        if std::mem::take(&mut io.stamps_due) {
+            for slot in self.table.slots_mut() {
+                slot.value.stamp_sends(now);
+            }
+        }
         // Data for an open session is taken where it lies in the UMEM:
         // checked, authenticated and its payload copied once, into the
         // session's reassembly buffer; its acknowledgment fields wait in

@@ -38,6 +38,7 @@ impl Session {
             heard_ns: 0,
             fin_wanted: false,
             fixed: None,
+            unstamped_from: None,
         })
     }
 
@@ -272,11 +273,20 @@ impl Session {
         self.heard_ns = now;
     }
 
+    /// Gives the data frames sent with a provisional time the time `now`
+    /// (read after they were queued).
+    pub(super) fn stamp_sends(&mut self, now: u64) {
+        if let Some(first) = self.unstamped_from.take() {
+            self.send.stamp_from(first, now);
+        }
+    }
+
     /// Takes the peer's opening `h`: its initial sequence number, the
     /// credit it gives and the payload it takes.
     pub(super) fn opened(&mut self, h: &Header) {
         self.peer_isn = h.seq;
         self.send = SendWindow::new(self.isn, h.credit, self.max_inflight);
+        self.unstamped_from = None;
         // The cap is the port's share for this session (see
         // `PortState::reshare`), kept across the new window.
         let cap = self.recv.credit_cap_frames();
@@ -327,8 +337,20 @@ impl Session {
         {
             return Ok(0);
         }
-        // One clock read for the frames of one call: they go out together.
-        let now = io.now_ns();
+        // The frames of the previous call, if no pump gave them a time
+        // since, went with its doorbell: before now.
+        if self.unstamped_from.is_some() {
+            let now = io.now_ns();
+            self.stamp_sends(now);
+        }
+        // This call's frames take the port's latest time for now, and the
+        // time read after their doorbell rang once a pump (or the next
+        // call) reads the clock: a read here would stand between the
+        // frame and the peer, while the read after the doorbell falls in
+        // the wait for the answer. Their timeout starts later than they
+        // went, never earlier.
+        let now = io.now_cache_ns;
+        let first_seq = self.send.next_seq();
         // And one acknowledgment for them: nothing arrives in between, so
         // every frame would carry the same fields.
         let acked = self.recv.take_ack();
@@ -347,6 +369,8 @@ impl Session {
             taken = end;
         }
         if taken > 0 {
+            self.unstamped_from = Some(first_seq);
+            io.stamps_due = true;
             io.flush();
         }
         Ok(taken)

@@ -553,6 +553,41 @@ mod tests {
     }
 
     #[test]
+    fn frames_stamped_after_their_doorbell_time_out_later_never_earlier() {
+        let mut s = SendWindow::new(0, 100, 100);
+        // Frames 0 and 1 went with a provisional time of 0; their doorbell
+        // rang, and the clock read after it said 1000.
+        s.push(0, 0);
+        s.push(1, 0);
+        s.stamp_from(0, 1_000);
+        assert!(s.due(INITIAL_RTO_NS).is_empty(), "the timer starts at 1000");
+        assert_eq!(s.due(INITIAL_RTO_NS + 1_000).len(), 1);
+        // Frame 0 went again at INITIAL_RTO_NS + 1000; frames 2 and 3 go
+        // later, and only they are stamped: the resent frame keeps its time.
+        let t = INITIAL_RTO_NS + 1_000;
+        s.push(2, t);
+        s.push(3, t);
+        s.stamp_from(2, t + 500);
+        assert_eq!(
+            s.inflight[0].sent_ns, t,
+            "frame 0 keeps its resending's time"
+        );
+        assert!(s
+            .inflight
+            .iter()
+            .filter(|f| f.seq >= 2)
+            .all(|f| f.sent_ns == t + 500));
+        assert_eq!(s.inflight[1].sent_ns, 1_000, "frame 1 is not stamped again");
+        // A time earlier than the provisional one changes nothing.
+        s.stamp_from(2, 0);
+        assert!(s
+            .inflight
+            .iter()
+            .filter(|f| f.seq >= 2)
+            .all(|f| f.sent_ns == t + 500));
+    }
+
+    #[test]
     fn a_timeout_resends_and_backs_off_and_a_sack_resends_holes_once() {
         let mut s = SendWindow::new(0, 100, 100);
         for slot in 0..5 {

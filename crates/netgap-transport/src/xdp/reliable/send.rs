@@ -69,6 +69,34 @@ impl SendWindow {
         seq
     }
 
+    /// Gives the frames from `first_seq` on, pushed with a provisional
+    /// time, the time `now_ns`, read after they were queued (usually after
+    /// their doorbell rang): later than they went, so their timeout falls
+    /// later, never earlier, and their round-trip samples come out short
+    /// by a doorbell's time, which the timeout's floor ([`MIN_RTO_NS`],
+    /// milliseconds) dwarfs. A frame sent
+    /// again since keeps the time of its resending. Frames stamped this way
+    /// keep the order of their calls, which the loss detection in
+    /// [`SendWindow::on_ack_into`] compares.
+    pub fn stamp_from(&mut self, first_seq: u32, now_ns: u64) {
+        for f in self.inflight.iter_mut().rev() {
+            if seq_lt(f.seq, first_seq) {
+                break;
+            }
+            if f.tries == 1 {
+                f.sent_ns = f.sent_ns.max(now_ns);
+            }
+        }
+        // The window's timer started at the first of these frames.
+        if self
+            .inflight
+            .front()
+            .is_some_and(|f| !seq_lt(f.seq, first_seq))
+        {
+            self.timer_ns = self.timer_ns.max(now_ns);
+        }
+    }
+
     /// Takes an acknowledgment (`ack`, `credit`, `sack` of a frame from the
     /// peer) at `now_ns`. An acknowledgment of frames never sent is ignored.
     pub fn on_ack(&mut self, ack: u32, credit: u32, sack: u64, now_ns: u64) -> AckOutcome {

@@ -586,13 +586,6 @@ impl Xsk {
         }
     }
 
-    /// Whether a received frame waits on the RX ring: one load, no system
-    /// call.
-    pub(crate) fn rx_waiting(&mut self) -> bool {
-        // SAFETY: the RX ring is live for `self`'s life.
-        unsafe { self.rx.ready() }
-    }
-
     /// Whether a received frame or a completed transmission waits on its
     /// ring: two loads, no system call.
     pub(crate) fn anything_arrived(&mut self) -> bool {
