@@ -1026,6 +1026,38 @@ mod tests {
         ping_pong(&a, &b, 10);
     }
 
+    /// An unanswered opening goes again after 1 ms, then after twice the
+    /// last wait, up to 50 ms: an opening the acceptor's kernel dropped
+    /// because its program was not ready yet costs a millisecond or two,
+    /// not the transport's 50 ms resend.
+    #[test]
+    fn an_unanswered_opening_goes_again_soon_then_less_often() {
+        let Some(bed) = bed("s") else { return };
+        let a = bed.hand(true, |p| DirectConn::open(p, setup_of(true)).unwrap());
+        let mut waits = Vec::new();
+        for _ in 0..8 {
+            // A pump may run on the clock its wait read last: a timer it
+            // found not yet due is due at the next.
+            let mut t = Duration::ZERO;
+            for _ in 0..3 {
+                a.pump().unwrap();
+                t = a.next_timer().expect("the opening again");
+                if t > Duration::ZERO {
+                    break;
+                }
+            }
+            waits.push(t);
+            std::thread::sleep(t + Duration::from_micros(300));
+        }
+        let ms = Duration::from_millis;
+        for (i, t) in waits.iter().enumerate() {
+            let at_most = ms(1 << i).min(ms(50));
+            assert!(*t > Duration::ZERO && *t <= at_most, "try {i}: {waits:?}");
+        }
+        // Not every millisecond for good: the later waits are long.
+        assert!(waits[6] > ms(25) && waits[7] > ms(25), "{waits:?}");
+    }
+
     #[test]
     fn a_direct_connection_is_send_and_sync() {
         fn both<T: Send + Sync>() {}

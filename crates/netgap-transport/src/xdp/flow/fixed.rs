@@ -30,8 +30,16 @@
 
 use super::*;
 
-/// How often the connector sends its opening again until it is answered,
-/// ns (as the transport's own connect does).
+/// How long after its opening the connector sends it again if it is not
+/// answered, ns, doubled at each try up to [`SYN_EVERY_NS`]. Short: the
+/// relays hand the two ends their sockets at about the same moment, and
+/// an opening that reaches the acceptor's before its program has given
+/// the kernel buffers to receive in is dropped there; the acceptor is
+/// ready a millisecond or two later, not the transport's own 50 ms.
+const SYN_FIRST_NS: u64 = 1_000_000;
+
+/// The longest the connector waits before sending its unanswered opening
+/// again, ns (as the transport's own connect does).
 const SYN_EVERY_NS: u64 = 50_000_000;
 
 /// Frames the kernel sends per doorbell in copy mode (`TX_BATCH_SIZE` of
@@ -47,6 +55,8 @@ pub(super) struct Fixed {
     /// The connector's opening goes again at this time, ns on the port's
     /// clock.
     syn_due_ns: u64,
+    /// The wait before the try after that, ns.
+    syn_next_ns: u64,
     /// How long the peer may be silent while this end waits on it, ns.
     silence_ns: u64,
     /// The peer was silent that long: the session is given up.
@@ -139,7 +149,8 @@ impl Session {
         if self.peer.is_none() {
             if f.accept_from.is_none() && now >= f.syn_due_ns {
                 self.fixed = Some(Fixed {
-                    syn_due_ns: now.saturating_add(SYN_EVERY_NS),
+                    syn_due_ns: now.saturating_add(f.syn_next_ns),
+                    syn_next_ns: f.syn_next_ns.saturating_mul(2).min(SYN_EVERY_NS),
                     ..f
                 });
                 self.post(io, Kind::Syn, 0, &[], false);
@@ -383,7 +394,8 @@ impl Port {
         s.heard_ns = now;
         s.fixed = Some(Fixed {
             accept_from: (!o.connector).then_some(o.peer),
-            syn_due_ns: now.saturating_add(SYN_EVERY_NS),
+            syn_due_ns: now.saturating_add(SYN_FIRST_NS),
+            syn_next_ns: SYN_FIRST_NS.saturating_mul(2),
             silence_ns: u64::try_from(o.silence_limit.as_nanos()).unwrap_or(u64::MAX),
             silent: false,
             reset_sent: false,
