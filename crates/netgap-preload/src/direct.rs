@@ -1,5 +1,5 @@
 //! Connections to other hosts on an AF_XDP socket of the program's own
-//! (the library's `xdp` feature, asked for with `NETGAP_PRELOAD_DIRECT=1`,
+//! (the library's `xdp` feature, asked for unless `NETGAP_PRELOAD_DIRECT=0`,
 //! see `Settings::direct`): the host's relay makes the socket and
 //! its UMEM on a queue of the connection's own and hands them over
 //! (`netgap_proto::direct`, `netgap_transport::xdp::handover`); the
