@@ -240,6 +240,7 @@ pub(crate) fn read_mtu_ioctl(name: &str) -> Option<u32> {
 
 /// The MAC address of interface `name` in this thread's network
 /// namespace (`SIOCGIFHWADDR`).
+#[cfg(feature = "xdp-user")]
 pub(crate) fn read_mac_ioctl(name: &str) -> Option<[u8; 6]> {
     let req = interface_ioctl(name, libc::SIOCGIFHWADDR)?;
     // SAFETY: SIOCGIFHWADDR wrote the union's `ifru_hwaddr`.
@@ -303,6 +304,7 @@ mod tests {
         assert_eq!(facts.netgap_version, netgap_core::VERSION);
     }
 
+    #[cfg(feature = "xdp-user")]
     #[test]
     fn each_interface_s_mac_from_its_ioctl_is_the_one_its_addresses_list() {
         let mut seen = 0;
