@@ -7,7 +7,7 @@ use crate::policy::{self, SocketFacts, XdpInterface};
 use crate::request::Request;
 use std::io;
 use std::net::IpAddr;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use thiserror::Error;
 
 /// Why the relay cannot take `--interface` for its flows.
@@ -250,7 +250,7 @@ pub(crate) fn tcp_facts(fd: RawFd, region: Option<RawFd>) -> Result<SocketFacts,
 /// namespace by `setns` alone (not `ip netns exec`) reads another
 /// namespace's interface of the same name there.
 pub(crate) fn rx_queues(name: &str) -> u16 {
-    if let Some(n) = channels_rx(name) {
+    if let Some(n) = netgap_transport::host::receive_channels(name) {
         return n.max(1);
     }
     let dir = format!("/sys/class/net/{name}/queues");
@@ -262,56 +262,6 @@ pub(crate) fn rx_queues(name: &str) -> u16 {
         })
         .unwrap_or(1);
     u16::try_from(n).unwrap_or(u16::MAX).max(1)
-}
-
-/// The receive (or combined) channels of interface `name` in this
-/// network namespace, from its driver; `None` if it has no such report.
-fn channels_rx(name: &str) -> Option<u16> {
-    const ETHTOOL_GCHANNELS: u32 = 0x3c;
-    /// `struct ethtool_channels`.
-    #[repr(C)]
-    #[derive(Default)]
-    struct Channels {
-        cmd: u32,
-        max_rx: u32,
-        max_tx: u32,
-        max_other: u32,
-        max_combined: u32,
-        rx_count: u32,
-        tx_count: u32,
-        other_count: u32,
-        combined_count: u32,
-    }
-    if name.is_empty() || name.len() >= libc::IFNAMSIZ {
-        return None;
-    }
-    let mut ch = Channels {
-        cmd: ETHTOOL_GCHANNELS,
-        ..Channels::default()
-    };
-    // SAFETY: all-zero bytes are a valid ifreq.
-    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (d, s) in ifr.ifr_name.iter_mut().zip(name.bytes()) {
-        *d = s as libc::c_char;
-    }
-    ifr.ifr_ifru.ifru_data = (&raw mut ch).cast();
-    // SAFETY: a fresh socket, owned below.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: `fd` is ours alone from here.
-    let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    // SAFETY: `ifr` names the interface (NUL-terminated: shorter than
-    // IFNAMSIZ) and points at `ch`, which outlives the call and is the
-    // size ETHTOOL_GCHANNELS writes.
-    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCETHTOOL, &raw mut ifr) };
-    if r < 0 {
-        return None;
-    }
-    u16::try_from(ch.rx_count.max(ch.combined_count))
-        .ok()
-        .filter(|n| *n > 0)
 }
 
 /// Resets the TCP connection on `fd` (shared with the program): both

@@ -252,11 +252,58 @@ pub(crate) fn read_mac_ioctl(name: &str) -> Option<[u8; 6]> {
     Some(mac)
 }
 
+/// The receive (or combined) channels of interface `name` in this
+/// thread's network namespace, as its driver reports them
+/// (`ETHTOOL_GCHANNELS`); `None` if it reports none.
+pub fn receive_channels(name: &str) -> Option<u16> {
+    const ETHTOOL_GCHANNELS: u32 = 0x3c;
+    /// `struct ethtool_channels`.
+    #[repr(C)]
+    #[derive(Default)]
+    struct Channels {
+        cmd: u32,
+        max_rx: u32,
+        max_tx: u32,
+        max_other: u32,
+        max_combined: u32,
+        rx_count: u32,
+        tx_count: u32,
+        other_count: u32,
+        combined_count: u32,
+    }
+    let mut ch = Channels {
+        cmd: ETHTOOL_GCHANNELS,
+        ..Channels::default()
+    };
+    // SAFETY: `ch` is the buffer ETHTOOL_GCHANNELS reads its command from
+    // and writes, alive for the call.
+    unsafe { interface_ioctl_into(name, libc::SIOCETHTOOL, (&raw mut ch).cast()) }?;
+    u16::try_from(ch.rx_count.max(ch.combined_count))
+        .ok()
+        .filter(|n| *n > 0)
+}
+
 /// `ioctl(request)` on interface `name` in this thread's network
 /// namespace (a `SIOCGIF*` that fills the `ifreq`'s union); the `ifreq`
 /// it filled, or `None` for a name the kernel cannot hold or a failed
 /// call.
 pub(crate) fn interface_ioctl(name: &str, request: libc::c_ulong) -> Option<libc::ifreq> {
+    // SAFETY: no buffer: the request writes the union itself.
+    unsafe { interface_ioctl_into(name, request, std::ptr::null_mut()) }
+}
+
+/// [`interface_ioctl`] with the union's pointer set to `data`, for a
+/// request that takes its buffer there (`SIOCETHTOOL`).
+///
+/// # Safety
+///
+/// `data` is null, or points at the buffer `request` reads and writes,
+/// alive and of its size for the call.
+unsafe fn interface_ioctl_into(
+    name: &str,
+    request: libc::c_ulong,
+    data: *mut libc::c_void,
+) -> Option<libc::ifreq> {
     let bytes = name.as_bytes();
     if bytes.is_empty() || bytes.len() >= libc::IFNAMSIZ {
         return None;
@@ -274,8 +321,10 @@ pub(crate) fn interface_ioctl(name: &str, request: libc::c_ulong) -> Option<libc
     for (dst, &b) in req.ifr_name.iter_mut().zip(bytes) {
         *dst = b as libc::c_char;
     }
+    req.ifr_ifru.ifru_data = data.cast();
     // SAFETY: `req` is a valid, NUL-terminated ifreq alive for the call,
-    // of the size every SIOCGIF* request writes into.
+    // of the size every SIOCGIF* request writes into; its pointer is null
+    // or, by the caller's contract, a live buffer of the request's.
     let rc = unsafe {
         libc::ioctl(
             std::os::fd::AsRawFd::as_raw_fd(&sock),
@@ -323,6 +372,15 @@ mod tests {
         assert!(seen >= 1, "lo at least has a link address");
         assert_eq!(read_mac_ioctl("no-such-if0"), None);
         assert_eq!(read_mac_ioctl(&"x".repeat(libc::IFNAMSIZ)), None);
+    }
+
+    #[test]
+    fn channels_are_none_where_the_driver_reports_none() {
+        // The loopback's driver has no channels to report; a name that is
+        // no interface or too long for one is refused.
+        assert_eq!(receive_channels("lo"), None);
+        assert_eq!(receive_channels("no-such-if0"), None);
+        assert_eq!(receive_channels(&"x".repeat(libc::IFNAMSIZ)), None);
     }
 
     #[test]
