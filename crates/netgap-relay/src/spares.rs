@@ -66,8 +66,10 @@ impl Spares {
 
     /// Keeps [`SPARES`] ready, each made outside the lock. A port that
     /// cannot be made (memory, rights) is tried again after a pause, the
-    /// grants meanwhile making their own and saying why they could not.
+    /// grants meanwhile making their own and saying why they could not;
+    /// the log says when that starts and when it ends, not every second.
     fn fill(&self) {
+        let mut failing = false;
         loop {
             {
                 let mut ready = self.ready();
@@ -76,9 +78,16 @@ impl Spares {
                 }
             }
             match handover::prepare(self.shape) {
-                Ok(s) => self.ready().push(s),
+                Ok(s) => {
+                    if std::mem::take(&mut failing) {
+                        log!("spare direct ports are made again");
+                    }
+                    self.ready().push(s);
+                }
                 Err(e) => {
-                    log!("a spare direct port: {e} (tried again in 1 s)");
+                    if !std::mem::replace(&mut failing, true) {
+                        log!("a spare direct port: {e} (tried again each second)");
+                    }
                     std::thread::sleep(std::time::Duration::from_secs(1));
                 }
             }
