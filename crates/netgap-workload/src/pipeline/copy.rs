@@ -111,7 +111,11 @@ fn read_credits(
             Err(FlowError::Closed) => return Ok(()),
             Err(FlowError::TimedOut { .. })
                 if Instant::now() < env.deadline && !env.stop.is_set() => {}
-            Err(e) => return Err(flow_err(e)),
+            Err(e) => {
+                return Err(flow_err(format_args!(
+                    "reading credits on outbound stream {i}"
+                ))(e))
+            }
         }
     }
 }
@@ -137,7 +141,9 @@ fn read_uows(
     let r = (|| -> Result<(), PipeError> {
         loop {
             let mut hb = [0u8; work::HEADER_BYTES];
-            recv_patient(rx.as_mut(), &mut hb, env.deadline, &env.stop).map_err(flow_err)?;
+            recv_patient(rx.as_mut(), &mut hb, env.deadline, &env.stop).map_err(flow_err(
+                format_args!("reading a UOW's header on inbound stream {from}"),
+            ))?;
             let frame = Frame::decode(&hb);
             match frame.kind {
                 work::KIND_EOW => {
@@ -153,7 +159,10 @@ fn read_uows(
                         )));
                     }
                     let mut data = AlignedBuffer::zeroed(frame.len as usize, env.layout);
-                    rx.recv_exact(&mut data).map_err(flow_err)?;
+                    rx.recv_exact(&mut data).map_err(flow_err(format_args!(
+                        "reading UOW {} on inbound stream {from}",
+                        frame.seq
+                    )))?;
                     if tx.send(Inbox::Uow { from, frame, data }).is_err() {
                         return Ok(());
                     }
@@ -261,10 +270,20 @@ pub(super) fn run_copy(ends: CopyEnds, env: &Env) -> Result<CopyDone, PipeError>
     }
 }
 
-fn send_frame(tx: &mut dyn transport::Sender, frame: Frame, data: &[u8]) -> Result<(), PipeError> {
-    tx.send_all(&frame.encode()).map_err(flow_err)?;
+/// Sends `frame` and its `data` on outbound stream `i`.
+fn send_frame(
+    tx: &mut dyn transport::Sender,
+    i: usize,
+    frame: Frame,
+    data: &[u8],
+) -> Result<(), PipeError> {
+    let doing = || match frame.kind {
+        work::KIND_UOW => format!("sending UOW {} on outbound stream {i}", frame.seq),
+        _ => format!("sending the end-of-work marker on outbound stream {i}"),
+    };
+    tx.send_all(&frame.encode()).map_err(flow_err(doing()))?;
     if !data.is_empty() {
-        tx.send_all(data).map_err(flow_err)?;
+        tx.send_all(data).map_err(flow_err(doing()))?;
     }
     Ok(())
 }
@@ -277,8 +296,8 @@ fn end_of_work(out_tx: &mut [Box<dyn transport::Sender>]) -> Result<(), PipeErro
         sent_ns: 0,
         sum: 0,
     };
-    for tx in out_tx.iter_mut() {
-        send_frame(tx.as_mut(), eow, &[])?;
+    for (i, tx) in out_tx.iter_mut().enumerate() {
+        send_frame(tx.as_mut(), i, eow, &[])?;
     }
     Ok(())
 }
@@ -309,7 +328,7 @@ fn produce(
             sent_ns: netgap_core::units::ns_since(env.t0),
             sum: work::checksum(data),
         };
-        send_frame(out_tx[i].as_mut(), frame, data)?;
+        send_frame(out_tx[i].as_mut(), i, frame, data)?;
         done.uows += 1;
         done.bytes_tx += n as u64;
     }
@@ -412,7 +431,7 @@ fn pass_on(
                 sum: work::checksum(&data),
                 ..frame
             };
-            send_frame(out_tx[i].as_mut(), out, &data)?;
+            send_frame(out_tx[i].as_mut(), i, out, &data)?;
             done.bytes_tx += data.len() as u64;
         }
         done.uows += 1;
@@ -420,7 +439,9 @@ fn pass_on(
             .get_mut(from)
             .ok_or_else(|| PipeError("no such stream".into()))?
             .send_all(&[1])
-            .map_err(flow_err)?;
+            .map_err(flow_err(format_args!(
+                "returning a credit on inbound stream {from}"
+            )))?;
     }
     if consumer {
         let got = seen.iter().filter(|s| **s).count() as u64;

@@ -72,8 +72,10 @@ impl From<PipeError> for RoleError {
     }
 }
 
-fn flow_err(e: FlowError) -> PipeError {
-    PipeError(e.to_string())
+/// A stream's failure, with what the copy was doing on which stream: a
+/// stalled pipeline names the stream that stalled.
+fn flow_err(doing: impl std::fmt::Display) -> impl FnOnce(FlowError) -> PipeError {
+    move |e| PipeError(format!("{doing}: {e}"))
 }
 
 static PRESET: WorkloadOption = WorkloadOption {
