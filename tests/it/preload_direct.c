@@ -39,6 +39,11 @@
  *   direct closenowclient IP PORT 0 0   (writes a few bytes and closes
  *     at once, before its connection has gone direct; prints how long its
  *     close took)
+ *   direct endserver PORT 0 STREAM_BYTES   (reads the client's stream,
+ *     then must read its end within 10 s; prints how long it waited)
+ *   direct exitclient IP PORT 0 STREAM_BYTES   (writes its stream and
+ *     exits without closing the connection: the exit must end it, as the
+ *     kernel closes an exiting process's sockets)
  * Every byte is checked; the client prints the median round trip. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -312,6 +317,28 @@ static int close_server(int fd) {
     return 0;
 }
 
+/* Reads a stream of `n` bytes, then the end, which a client that exits
+ * without closing its connection still sends, as the kernel ends an
+ * exiting process's connections; gives it 10 s. */
+static int end_server(int fd, size_t n) {
+    check_stream(fd, n, 1);
+    struct timeval limit = {.tv_sec = 10};
+    if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit))
+        die("SO_RCVTIMEO");
+    long t0 = now_ns();
+    unsigned char x;
+    ssize_t r = read(fd, &x, 1);
+    int e = errno;
+    printf("end_ms %ld\n", (now_ns() - t0) / 1000000);
+    if (r != 0) {
+        fprintf(stderr, "no end from the client: %s\n", r < 0 ? strerror(e) : "bytes");
+        return 1;
+    }
+    close(fd);
+    printf("direct: ok\n");
+    return 0;
+}
+
 /* Whether the library's log (NETGAP_PRELOAD_LOG) has `line`. */
 static int logged(const char *line) {
     const char *path = getenv("NETGAP_PRELOAD_LOG");
@@ -429,8 +456,9 @@ int main(int argc, char **argv) {
     int closes = strcmp(argv[1], "closeserver") == 0;
     int closes_early = strcmp(argv[1], "closeearlyserver") == 0;
     int closes_granting = strcmp(argv[1], "closegrantserver") == 0;
+    int ends = strcmp(argv[1], "endserver") == 0;
     int server = forks || execs || epoll_server || quiet_end || edges || closes ||
-                 closes_early || closes_granting || strcmp(argv[1], "server") == 0;
+                 closes_early || closes_granting || ends || strcmp(argv[1], "server") == 0;
     int threaded = strcmp(argv[1], "threadclient") == 0;
     select_first = strcmp(argv[1], "selectclient") == 0;
     poll_first = strcmp(argv[1], "pollclient") == 0;
@@ -508,6 +536,15 @@ int main(int argc, char **argv) {
         return close_granting_server(fd);
     if (strcmp(argv[1], "closeclient") == 0 || strcmp(argv[1], "closenowclient") == 0)
         return close_client(fd, strcmp(argv[1], "closenowclient") == 0);
+    if (ends)
+        return end_server(fd, stream);
+    if (strcmp(argv[1], "exitclient") == 0) {
+        send_stream(fd, stream, 1);
+        printf("direct: ok\n");
+        fflush(stdout);
+        /* The connection stays open: the exit must end it. */
+        exit(0);
+    }
     if (quiet_end)
         return quiet_server(fd, stream);
     if (strcmp(argv[1], "quietclient") == 0)

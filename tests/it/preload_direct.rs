@@ -390,10 +390,13 @@ fn queues_free(relays: &[(Terminated, PathBuf)], n: usize, within: std::time::Du
 /// on its direct connection) resets the client as soon: the close takes
 /// the grant first (it used to drop it, and the client waited out its
 /// silence limit).
+/// Closes end the peer's connection at once (a reset with bytes unread),
+/// and so does a program's exit with its connection still open, as the
+/// kernel ends an exiting process's connections; both queues go free each
+/// time.
 #[test]
-fn a_connection_closed_with_bytes_unread_resets_its_peer_at_once_and_frees_both_queues() {
-    let test =
-        "a_connection_closed_with_bytes_unread_resets_its_peer_at_once_and_frees_both_queues";
+fn a_close_or_an_exit_ends_the_peers_connection_at_once_and_frees_both_queues() {
+    let test = "a_close_or_an_exit_ends_the_peers_connection_at_once_and_frees_both_queues";
     if !system_ready(test) || !common::installed(test, &[("/usr/bin/cc", "gcc")]) {
         return;
     }
@@ -473,6 +476,39 @@ fn a_connection_closed_with_bytes_unread_resets_its_peer_at_once_and_frees_both_
             took.as_millis()
         );
     }
+    // A client that writes its stream and exits with the connection open:
+    // the server reads every byte, then the end, at once.
+    let logs = dir.path().join("exit");
+    std::fs::create_dir(&logs).expect("a log directory");
+    let ends = pair(
+        &tb,
+        &exe,
+        &logs,
+        "7717",
+        ["endserver", "exitclient"],
+        "0",
+        "1048576",
+    );
+    let relay_logs = all_logs(&relays);
+    check_ok(&ends, &relay_logs);
+    let [(server_out, server), (_, client)] = &ends;
+    assert_direct_at_both_ends(Some("7717"), server, client, &relay_logs);
+    let end_ms: u64 = server_out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("end_ms "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no end_ms in {}", server_out.stdout));
+    assert!(
+        end_ms < 2000,
+        "the end took {end_ms} ms\n{client}\n{server}"
+    );
+    assert!(
+        client.contains("direct connection on queue") && client.contains("closed:"),
+        "the exit logged no close:\n{client}"
+    );
+    queues_free(&relays, freed + 2, std::time::Duration::from_secs(2));
+    eprintln!("{test}: endserver, exitclient: the end came {end_ms} ms after the stream");
     stop_all(relays, &tb);
 }
 

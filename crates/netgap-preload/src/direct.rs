@@ -256,6 +256,7 @@ fn open_granted(asked: Asked) -> Result<Direct, SetupError> {
         foreign_told: AtomicBool::new(false),
         last_seen: AtomicU32::new(0),
         reset_on_close: AtomicBool::new(false),
+        ended: AtomicBool::new(false),
     })
 }
 
@@ -411,6 +412,9 @@ pub(crate) struct Direct {
     last_seen: AtomicU32,
     /// The close resets the connection ([`Direct::reset_on_close`]).
     reset_on_close: AtomicBool,
+    /// The connection's close was handed to the progress thread
+    /// ([`Direct::end`]): once only.
+    ended: AtomicBool,
 }
 
 impl Direct {
@@ -860,20 +864,31 @@ impl Deadline {
     }
 }
 
-impl Drop for Direct {
-    /// The program's last descriptor of the connection closed: in the
-    /// process that drives it, its close goes on in the progress thread,
-    /// a reset if bytes the library read ahead were never read by the
-    /// program (or it asked for one); in any other, nothing is sent.
-    fn drop(&mut self) {
-        if pid() == self.opener {
-            let unread = !self
-                .ahead
-                .get_mut()
-                .map_or_else(|p| p.into_inner().is_empty(), |a| a.is_empty());
-            let reset = unread || self.reset_on_close.load(Ordering::Relaxed);
-            crate::progress::close(self.link.clone(), reset);
+impl Direct {
+    /// The connection's last descriptor in this process closed, or the
+    /// process exits with it open: in the process that drives it, its
+    /// close goes on in the progress thread, a reset if bytes the library
+    /// read ahead were never read by the program (or it asked for one);
+    /// in any other, nothing is sent. Once only, whoever still holds the
+    /// connection afterwards.
+    pub(crate) fn end(&self) {
+        if pid() != self.opener || self.ended.swap(true, Ordering::AcqRel) {
+            return;
         }
+        let unread = !self
+            .ahead
+            .lock()
+            .map_or_else(|p| p.into_inner().is_empty(), |a| a.is_empty());
+        let reset = unread || self.reset_on_close.load(Ordering::Relaxed);
+        crate::progress::close(self.link.clone(), reset);
+    }
+}
+
+impl Drop for Direct {
+    /// The program's last descriptor of the connection closed (see
+    /// [`Direct::end`]).
+    fn drop(&mut self) {
+        self.end();
     }
 }
 

@@ -74,19 +74,38 @@ pub(crate) fn socket_timeout(fd: c_int, opt: c_int) -> Option<Duration> {
 
 /// Waits until `fd` shows `events` or `deadline` passes; false on timeout.
 pub(crate) fn wait_for(fd: c_int, events: i16, deadline: Instant) -> bool {
+    wait_any(fd, events, -1, deadline)
+}
+
+/// Waits until `fd` is readable or `also` (an eventfd; -1: none) is, or
+/// `deadline` passes; true when either is readable.
+pub(crate) fn wait_for_either(fd: c_int, also: c_int, deadline: Instant) -> bool {
+    wait_any(fd, libc::POLLIN, also, deadline)
+}
+
+/// Waits for `events` on `fd`, or `also` readable (poll ignores a
+/// negative descriptor), until `deadline`.
+fn wait_any(fd: c_int, events: i16, also: c_int, deadline: Instant) -> bool {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return false;
         }
-        let mut p = libc::pollfd {
-            fd,
-            events,
-            revents: 0,
-        };
+        let mut p = [
+            libc::pollfd {
+                fd,
+                events,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: also,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
         let ms = c_int::try_from(left.as_millis().max(1)).unwrap_or(c_int::MAX);
-        // SAFETY: one valid pollfd.
-        let r = unsafe { real::poll()(&mut p, 1, ms) };
+        // SAFETY: two valid pollfds.
+        let r = unsafe { real::poll()(p.as_mut_ptr(), 2, ms) };
         if r > 0 {
             return true;
         }

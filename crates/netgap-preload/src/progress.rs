@@ -43,7 +43,10 @@
 //! linger waits for them (at most twice `CLOSE_LINGER`) in an `atexit`
 //! handler, so a program that writes, closes and exits still delivers its
 //! last bytes; closes still lingering then are given up with a reset (for
-//! at most [`EXIT_GIVE_UP`] more), so their peers learn at once.
+//! at most [`EXIT_GIVE_UP`] more), so their peers learn at once. The same
+//! handler first closes every direct connection the program left open, as
+//! the kernel closes an exiting process's sockets, so a peer that reads
+//! sees the end rather than waiting for it for good.
 
 use crate::log::log_line;
 use crate::pid::pid;
@@ -352,6 +355,13 @@ extern "C" fn finish_closes() {
     };
     if p.pid != pid() {
         return;
+    }
+    // The connections the program never closed close now, as the kernel
+    // closes an exiting process's sockets: their peers see the end (a
+    // reader would otherwise wait for it for good).
+    for (fd, d) in crate::table::take_every_direct() {
+        d.log_close(fd);
+        d.end();
     }
     let t0 = Instant::now();
     while p.lingering.load(Ordering::Relaxed) > 0 && t0.elapsed() < CLOSE_LINGER * 2 {

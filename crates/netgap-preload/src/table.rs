@@ -129,6 +129,26 @@ pub(crate) fn conn_went_direct(c: &Arc<Conn>, d: &Arc<crate::direct::Direct>) {
     }
 }
 
+/// Takes every direct connection out of the table, each once with the
+/// lowest of its descriptors: the process exits with them open.
+#[cfg(feature = "xdp")]
+pub(crate) fn take_every_direct() -> Vec<(c_int, Arc<crate::direct::Direct>)> {
+    let mut t = TABLE.write().unwrap_or_else(|p| p.into_inner());
+    let mut out: Vec<(c_int, Arc<crate::direct::Direct>)> = Vec::new();
+    for (fd, slot) in t.iter_mut().enumerate() {
+        if !matches!(slot, Some(Entry::Direct(_))) {
+            continue;
+        }
+        if let Some(Entry::Direct(d)) = slot.take() {
+            ENTRIES.fetch_sub(1, Ordering::Relaxed);
+            if !out.iter().any(|(_, e)| Arc::ptr_eq(e, &d)) {
+                out.push((fd as c_int, d));
+            }
+        }
+    }
+    out
+}
+
 /// The descriptors of the direct connection `d`.
 #[cfg(feature = "xdp")]
 pub(crate) fn direct_descriptors(d: &Arc<crate::direct::Direct>) -> Vec<c_int> {

@@ -8,7 +8,7 @@
 
 use super::{finish_offer, finish_offer_by, Resolved, WATCH_STACK_BYTES};
 use crate::conn::{Conn, OfferOnClose};
-use crate::exchange::{wait_for, ANSWER_WAIT};
+use crate::exchange::{wait_for_either, ANSWER_WAIT};
 use crate::log::log_line;
 use crate::table;
 use crate::unix;
@@ -22,9 +22,17 @@ use std::time::{Duration, Instant};
 /// close among them, go on meanwhile). The descriptor is the offer's own
 /// at each look ([`Conn::offer_fd`]): the program's close may hand it to
 /// the library. True: the offer ended.
+///
+/// The wait wakes when the offer ends too (its eventfd, for a relayed
+/// offer): a program's own call that took the answer first must not leave
+/// the watcher asleep until the deadline, holding the connection. The
+/// watcher's hold would keep a connection that went direct alive past the
+/// program's last close, so its closing frame would wait for the watcher
+/// (up to the answer's time limit), or never go if the program exited
+/// meanwhile, leaving its peer to wait for an end that never comes.
 pub(super) fn watch_answer(c: &Arc<Conn>, deadline: Instant) -> bool {
     while let Some(fd) = c.offer_fd() {
-        if !wait_for(fd, libc::POLLIN, deadline) {
+        if !wait_for_either(fd, c.offer_end_fd(), deadline) {
             return !c.offered();
         }
         if let Resolved::NotYet = finish_offer(fd, c, false) {
@@ -185,4 +193,40 @@ pub(crate) fn shut_offered(fd: c_int, c: &Arc<Conn>, how: c_int) -> bool {
         log_line!("fd {fd}: no thread to end the shut down connection's offer ({why}); the program's next call on it takes the answer");
     }
     true
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+mod tests {
+    use super::*;
+    use crate::conn::{OfferPath, RelayOffer};
+
+    /// A watcher of a relayed offer that another thread ends (a program's
+    /// own call took the answer) wakes at once, not at its deadline, and
+    /// lets the connection go: a connection that went direct is closed
+    /// by the program's last close only once nothing else holds it.
+    #[test]
+    fn a_watcher_lets_go_as_soon_as_another_thread_ends_the_offer() {
+        let (ch, region) = crate::region::make(4096).unwrap();
+        let path = OfferPath::Relay(RelayOffer {
+            key: [1; netgap_proto::preload::RELAY_KEY_BYTES],
+            ring_bytes: 4096,
+            sock: -1,
+            region,
+        });
+        let c = Arc::new(Conn::new_offered(-1, ch, false, (7, path), -1));
+        let held = Arc::clone(&c);
+        let t0 = Instant::now();
+        let watcher = std::thread::spawn(move || {
+            watch_answer(&held, Instant::now() + Duration::from_secs(10))
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        // As a program's call ends it: the offer taken, then its end told.
+        drop(c.offer_lock().take());
+        c.offer_dropped();
+        assert!(watcher.join().unwrap(), "the offer ended");
+        let waited = t0.elapsed();
+        assert!(waited < Duration::from_secs(2), "{waited:?}");
+        assert_eq!(Arc::strong_count(&c), 1, "the watcher let it go");
+    }
 }
