@@ -1068,6 +1068,37 @@ mod tests {
         assert!(waits[6] > ms(25) && waits[7] > ms(25), "{waits:?}");
     }
 
+    /// An opening the acceptor's kernel dropped (its program was not
+    /// ready) goes again as soon as the acceptor says it is ready, not at
+    /// the connector's next resend, which by then waits tens of
+    /// milliseconds.
+    #[test]
+    fn a_dropped_opening_goes_again_as_soon_as_the_acceptor_is_ready() {
+        let Some(bed) = bed("r") else { return };
+        let a = bed.hand(true, |p| DirectConn::open(p, setup_of(true)).unwrap());
+        // Its openings go to an acceptor not there yet until the resend
+        // waits its longest (50 ms); the acceptor comes just after one.
+        let t0 = Instant::now();
+        loop {
+            a.pump().unwrap();
+            let wait = a.next_timer().expect("the opening again");
+            if t0.elapsed() > Duration::from_millis(70) && wait > Duration::from_millis(40) {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let b = bed.hand(false, |p| DirectConn::open(p, setup_of(false)).unwrap());
+        // Read without a pump: the acceptor's word is still unread.
+        let resend_at = Instant::now() + a.next_timer().expect("the opening again");
+        while !a.is_open() {
+            assert!(Instant::now() < resend_at, "open only at the resend");
+            a.pump().unwrap();
+            b.pump().unwrap();
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        ping_pong(&a, &b, 10);
+    }
+
     #[test]
     fn a_direct_connection_is_send_and_sync() {
         fn both<T: Send + Sync>() {}

@@ -4,12 +4,15 @@
 //! ends' ids and gave both programs the connection's key, so no listener
 //! draws an id: the connector sends its opening from its id to the peer's,
 //! the acceptor takes only the opening from exactly the peer's MAC and id
-//! to its own, and every frame is sealed from the opening on. The session
-//! is otherwise the one every xdp flow has (windows, retransmission,
-//! credit, reassembly), driven by the application's own calls: each call
-//! pumps the port once and never waits, so a full window or an empty
-//! receive buffer is the caller's to wait out (on the port's socket, for
-//! at most [`Port::fixed_state`]'s next timer).
+//! to its own, and every frame is sealed from the opening on. The
+//! acceptor, once its buffers are the kernel's, sends the connector one
+//! sealed probe, which has the connector send its opening again at once:
+//! an opening that came before the acceptor was ready was dropped by its
+//! kernel. The session is otherwise the one every xdp flow has (windows,
+//! retransmission, credit, reassembly), driven by the application's own
+//! calls: each call pumps the port once and never waits, so a full window
+//! or an empty receive buffer is the caller's to wait out (on the port's
+//! socket, for at most [`Port::fixed_state`]'s next timer).
 //!
 //! A peer that stops answering while this end waits on it (for the answer
 //! to its opening, or for an acknowledgment of what it sent) is given up
@@ -35,7 +38,10 @@ use super::*;
 /// relays hand the two ends their sockets at about the same moment, and
 /// an opening that reaches the acceptor's before its program has given
 /// the kernel buffers to receive in is dropped there; the acceptor is
-/// ready a millisecond or two later, not the transport's own 50 ms.
+/// ready a millisecond or two later, not the transport's own 50 ms. The
+/// acceptor also says when it is ready (a probe, sealed, before any
+/// opening of the connector's came), and the connector's opening then
+/// goes again at once.
 const SYN_FIRST_NS: u64 = 1_000_000;
 
 /// The longest the connector waits before sending its unanswered opening
@@ -188,6 +194,22 @@ impl Session {
                 self.on_reset();
             } else {
                 self.after_reset(io, h.kind);
+            }
+            return;
+        }
+        if f.accept_from.is_none() && h.kind == Kind::Probe {
+            // The acceptor is ready: the opening goes again now (the one
+            // before may have come too early), and the resends start
+            // over from the shortest wait.
+            if self.syn_to.is_some_and(|p| from_peer(&p)) && self.guard.admit(raw) {
+                self.fixed = Some(Fixed {
+                    syn_due_ns: now.saturating_add(SYN_FIRST_NS),
+                    syn_next_ns: SYN_FIRST_NS.saturating_mul(2),
+                    ..f
+                });
+                self.post(io, Kind::Syn, 0, &[], false);
+            } else {
+                io.strays += 1;
             }
             return;
         }
@@ -404,6 +426,12 @@ impl Port {
         if o.connector {
             s.syn_to = Some(o.peer);
             s.post(&mut st.io, Kind::Syn, 0, &[], false);
+        } else {
+            // The acceptor's word that it is ready, its buffers given to
+            // the kernel: an opening that came before was dropped here,
+            // and the connector sends it again at once rather than at
+            // its next resend.
+            s.post_with(&mut st.io, Kind::Probe, 0, &[], false, (0, 0, 0));
         }
         st.table.insert(o.local_flow, s);
         st.reshare();
