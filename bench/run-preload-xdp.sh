@@ -38,6 +38,11 @@
 # hits them alike; the load average is printed before and after each round.
 # Prints every run, then the medians and the ratios.
 #
+# Then (SETUP=0 skips it) connection setup across the two hosts: a C
+# client makes connections one after another (connect, 1 byte each way,
+# close) over the kernel's TCP, on direct connections and through the
+# relays, µs per connection (bench/preload-setup/connbench.c).
+#
 # Then, when sockperf is installed (LATENCY=0 skips it), a small request
 # and response across the two hosts: sockperf's TCP ping-pong (14-byte
 # messages, 3 s) over the kernel's TCP and under `netgap wrap -t xdp`
@@ -52,8 +57,9 @@
 # usage: sudo bench/run-preload-xdp.sh [--quick] [SECONDS] [CONNECTIONS]   (default 3 s, 4)
 #        (--quick: one round of 1 s, no latency rows: a check of the script)
 #        ROUNDS=3 PROFILE=release LATENCY=1 WRK=1 bench/run-preload-xdp.sh
-#        WEB=0 RUNS="tcp epoll,direct epoll" PINGPONGS="xdp event" bench/run-preload-xdp.sh
+#        WEB=0 SETUP=0 RUNS="tcp epoll,direct epoll" PINGPONGS="xdp event" bench/run-preload-xdp.sh
 #        (the latency rows alone, of sockperf's runs and netgap's only those named)
+#        WEB=0 LATENCY=0 SETUP_CONNECTIONS=500 bench/run-preload-xdp.sh   (setup alone)
 #        NETGAP_PRELOAD=/path/libnetgap_preload.so ...   (another build of the library)
 # Needs root, nginx, wrk (WRK=0 skips its rows), libxdp-dev and libbpf-dev
 # (the xdp feature).
@@ -371,6 +377,44 @@ awk -v g="$stream" '{ t[$1, $2, $3] = $4; s[$1, $2, $3] = $5; c[$1, $2, $3] = $6
 echo "load average: $(loadavg); machine: $(nproc) CPUs, $(uname -r)"
 }
 [ "${WEB:-1}" = 1 ] && web
+
+# Connection setup across the hosts: bench/preload-setup/connbench.c makes
+# SETUP_CONNECTIONS connections one after another from the first host to
+# the second (connect, a 1-byte request and reply, close) over the
+# kernel's TCP, and under `netgap wrap -t xdp` on direct connections and
+# through the relays; per connection, µs, and how many of the client's
+# connections went direct.
+setup_rows() {
+    local n=${SETUP_CONNECTIONS:-200} stack port=$((40000 + RANDOM % 10000)) srv r log
+    cc -O2 -o "$dir/connbench" bench/preload-setup/connbench.c
+    start_relays
+    echo
+    echo "connection setup across the hosts ($n connections one after another: connect, 1 byte each way, close):"
+    for r in $(seq "$rounds"); do
+        for stack in tcp direct relays; do
+            local wrap=()
+            log=$dir/setup-$stack-$r.log
+            : >"$log"
+            case $stack in
+            direct) wrap=(env NETGAP_PRELOAD_DIRECT=1 NETGAP_PRELOAD_LOG="$log" "$netgap" wrap -t xdp --) ;;
+            relays) wrap=(env NETGAP_PRELOAD_DIRECT=0 NETGAP_PRELOAD_LOG="$log" "$netgap" wrap -t xdp --) ;;
+            esac
+            port=$((port + 1))
+            ip netns exec "$ns2" ${wrap[@]+"${wrap[@]}"} "$dir/connbench" s "$port" 0.0.0.0 &
+            srv=$!
+            sleep 0.5
+            printf 'round %s %-7s ' "$r" "$stack"
+            ip netns exec "$ns1" ${wrap[@]+"${wrap[@]}"} "$dir/connbench" c "$port" "$n" "$ip2" |
+                tr -d '\n'
+            echo " ($(grep -c 'connection to port .* moved to direct' "$log" || true) of $n direct)"
+            kill "$srv" 2>/dev/null || true
+            wait "$srv" 2>/dev/null || true
+        done
+    done
+    stop_relays
+    echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+}
+[ "${SETUP:-1}" = 1 ] && [ "$quick" = 0 ] && setup_rows
 
 [ "${LATENCY:-1}" = 1 ] || exit 0
 if ! command -v sockperf >/dev/null; then

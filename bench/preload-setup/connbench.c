@@ -2,13 +2,15 @@
  * connect, a 1-byte request, a 1-byte reply, close, one connection at a
  * time to a server that accepts, answers and closes.
  *
- *   connbench s PORT          serve on 127.0.0.1:PORT until killed
- *   connbench c PORT [N]      N connections (default 1000); prints the
- *                             mean, median and 90th percentile per
- *                             connection, in microseconds
+ *   connbench s PORT [IP]       serve on IP:PORT (default 127.0.0.1) until
+ *                               killed
+ *   connbench c PORT [N [IP]]   N connections (default 1000) to IP:PORT;
+ *                               prints the mean, median and 90th
+ *                               percentile per connection, in microseconds
  *
  * bench/run-preload-setup.sh runs it over the kernel's TCP and under the
- * library, side by side. */
+ * library, side by side, on one host; bench/run-preload-xdp.sh across two
+ * testbed hosts. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +23,8 @@
 #include <arpa/inet.h>
 static double now(){struct timespec t; clock_gettime(CLOCK_MONOTONIC,&t); return t.tv_sec+t.tv_nsec*1e-9;}
 int main(int argc,char**argv){int port=atoi(argv[2]); int n=argc>3?atoi(argv[3]):1000; struct sockaddr_in a={0}; a.sin_family=AF_INET; a.sin_port=htons(port); a.sin_addr.s_addr=htonl(0x7f000001);
+ const char *ip=argv[1][0]=='s'?(argc>3?argv[3]:0):(argc>4?argv[4]:0);
+ if(ip&&inet_pton(AF_INET,ip,&a.sin_addr)!=1){fprintf(stderr,"bad address %s\n",ip); return 2;}
  char b[64];
  if(argv[1][0]=='s'){int l=socket(AF_INET,SOCK_STREAM,0); int one=1; setsockopt(l,SOL_SOCKET,SO_REUSEADDR,&one,4); bind(l,(void*)&a,sizeof a); listen(l,128);
    for(;;){int c=accept(l,0,0); if(c<0)continue; ssize_t k=read(c,b,1); if(k==1) write(c,b,1); read(c,b,1); close(c);} }
