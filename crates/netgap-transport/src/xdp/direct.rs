@@ -500,6 +500,13 @@ impl DirectConn {
         self.linger_ended.store(true, Ordering::Relaxed);
     }
 
+    /// Whether dropping the connection sends and waits for nothing: its
+    /// linger ended ([`DirectConn::end_linger`]), or this process is not
+    /// the one that opened it.
+    pub fn drop_sends_nothing(&self) -> bool {
+        std::process::id() != self.opener_pid || self.linger_ended.load(Ordering::Relaxed)
+    }
+
     /// The connection's counts now.
     pub fn stats(&self) -> DirectStats {
         let c = self.port.fixed_counts(self.id).ok();
@@ -555,7 +562,7 @@ impl Drop for DirectConn {
     /// [`DirectConn::end_linger`]: nothing sent, the mappings and
     /// descriptors of this process let go.
     fn drop(&mut self) {
-        if std::process::id() == self.opener_pid && !self.linger_ended.load(Ordering::Relaxed) {
+        if !self.drop_sends_nothing() {
             self.linger();
         }
     }
