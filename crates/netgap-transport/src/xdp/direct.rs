@@ -1006,6 +1006,22 @@ mod tests {
         assert!(matches!(a.try_send(b"x"), Err(DirectError::Reset)));
     }
 
+    /// When the unanswered connector `a` sends its opening again, after
+    /// up to `pumps` pumps: a pump runs on the clock its caller's wait
+    /// read last, so a timer it found not yet due may be due (0) by the
+    /// time it is read, and the next pump serves it.
+    fn opening_again_in(a: &DirectConn, pumps: u32) -> Duration {
+        let mut t = Duration::ZERO;
+        for _ in 0..pumps {
+            a.pump().unwrap();
+            t = a.next_timer().expect("the opening again");
+            if t > Duration::ZERO {
+                break;
+            }
+        }
+        t
+    }
+
     /// Until its opening is answered a connection's next timer is the
     /// connector's opening again or the silence limit, never due at once:
     /// a waiter sleeps until the peer's opening arrives, not in a spin of
@@ -1017,18 +1033,8 @@ mod tests {
         // yet, and goes again within 50 ms.
         let a = bed.hand(true, |p| DirectConn::open(p, setup_of(true)).unwrap());
         for _ in 0..3 {
-            // A pump runs on the clock its caller's wait read last: a
-            // timer it found not yet due may be due by the time it is
-            // read, and the next pump serves it. Due again at once after
-            // that next pump would be the spin.
-            let mut t = Duration::ZERO;
-            for _ in 0..2 {
-                a.pump().unwrap();
-                t = a.next_timer().expect("the opening again");
-                if t > Duration::ZERO {
-                    break;
-                }
-            }
+            // Due again at once after a second pump would be the spin.
+            let t = opening_again_in(&a, 2);
             assert!(
                 t > Duration::ZERO && t <= Duration::from_millis(50),
                 "{t:?}"
@@ -1053,16 +1059,7 @@ mod tests {
         let a = bed.hand(true, |p| DirectConn::open(p, setup_of(true)).unwrap());
         let mut waits = Vec::new();
         for _ in 0..8 {
-            // A pump may run on the clock its wait read last: a timer it
-            // found not yet due is due at the next.
-            let mut t = Duration::ZERO;
-            for _ in 0..3 {
-                a.pump().unwrap();
-                t = a.next_timer().expect("the opening again");
-                if t > Duration::ZERO {
-                    break;
-                }
-            }
+            let t = opening_again_in(&a, 3);
             waits.push(t);
             std::thread::sleep(t + Duration::from_micros(300));
         }
