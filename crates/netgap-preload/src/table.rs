@@ -136,10 +136,7 @@ pub(crate) fn take_every_direct() -> Vec<(c_int, Arc<crate::direct::Direct>)> {
     let mut t = TABLE.write().unwrap_or_else(|p| p.into_inner());
     let mut out: Vec<(c_int, Arc<crate::direct::Direct>)> = Vec::new();
     for (fd, slot) in t.iter_mut().enumerate() {
-        if !matches!(slot, Some(Entry::Direct(_))) {
-            continue;
-        }
-        if let Some(Entry::Direct(d)) = slot.take() {
+        if let Some(Entry::Direct(d)) = slot.take_if(|e| matches!(e, Entry::Direct(_))) {
             ENTRIES.fetch_sub(1, Ordering::Relaxed);
             if !out.iter().any(|(_, e)| Arc::ptr_eq(e, &d)) {
                 out.push((fd as c_int, d));

@@ -277,13 +277,17 @@ fn send_frame(
     frame: Frame,
     data: &[u8],
 ) -> Result<(), PipeError> {
-    let doing = || match frame.kind {
-        work::KIND_UOW => format!("sending UOW {} on outbound stream {i}", frame.seq),
-        _ => format!("sending the end-of-work marker on outbound stream {i}"),
+    // What the copy was doing, made only on a failure: every frame of the
+    // query comes through here.
+    let failed = |e| {
+        flow_err(match frame.kind {
+            work::KIND_UOW => format!("sending UOW {} on outbound stream {i}", frame.seq),
+            _ => format!("sending the end-of-work marker on outbound stream {i}"),
+        })(e)
     };
-    tx.send_all(&frame.encode()).map_err(flow_err(doing()))?;
+    tx.send_all(&frame.encode()).map_err(failed)?;
     if !data.is_empty() {
-        tx.send_all(data).map_err(flow_err(doing()))?;
+        tx.send_all(data).map_err(failed)?;
     }
     Ok(())
 }
