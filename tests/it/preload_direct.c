@@ -44,6 +44,11 @@
  *   direct exitclient IP PORT 0 STREAM_BYTES   (writes its stream and
  *     exits without closing the connection: the exit must end it, as the
  *     kernel closes an exiting process's sockets)
+ *   direct resetserver PORT 0 STREAM_BYTES   (reads the client's stream,
+ *     says so with one byte, then must read a reset within 10 s)
+ *   direct resetexitclient IP PORT 0 STREAM_BYTES   (writes its stream,
+ *     waits for the server's byte, sets SO_LINGER 0 and exits without
+ *     closing: the exit must reset the connection, as the kernel's does)
  * Every byte is checked; the client prints the median round trip. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -320,18 +325,23 @@ static int close_server(int fd) {
 /* Reads a stream of `n` bytes, then the end, which a client that exits
  * without closing its connection still sends, as the kernel ends an
  * exiting process's connections; gives it 10 s. */
-static int end_server(int fd, size_t n) {
+/* `reset`: the stream read, one byte says so, and the client's exit must
+ * then reset the connection (ECONNRESET), not end it. */
+static int end_server(int fd, size_t n, int reset) {
     check_stream(fd, n, 1);
     struct timeval limit = {.tv_sec = 10};
     if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit))
         die("SO_RCVTIMEO");
+    unsigned char x = 'r';
+    if (reset)
+        put_all(fd, &x, 1);
     long t0 = now_ns();
-    unsigned char x;
     ssize_t r = read(fd, &x, 1);
     int e = errno;
     printf("end_ms %ld\n", (now_ns() - t0) / 1000000);
-    if (r != 0) {
-        fprintf(stderr, "no end from the client: %s\n", r < 0 ? strerror(e) : "bytes");
+    if (reset ? !(r < 0 && e == ECONNRESET) : r != 0) {
+        fprintf(stderr, "no %s from the client: %s\n", reset ? "reset" : "end",
+                r < 0 ? strerror(e) : r == 0 ? "the end" : "bytes");
         return 1;
     }
     close(fd);
@@ -456,7 +466,8 @@ int main(int argc, char **argv) {
     int closes = strcmp(argv[1], "closeserver") == 0;
     int closes_early = strcmp(argv[1], "closeearlyserver") == 0;
     int closes_granting = strcmp(argv[1], "closegrantserver") == 0;
-    int ends = strcmp(argv[1], "endserver") == 0;
+    int resets = strcmp(argv[1], "resetserver") == 0;
+    int ends = resets || strcmp(argv[1], "endserver") == 0;
     int server = forks || execs || epoll_server || quiet_end || edges || closes ||
                  closes_early || closes_granting || ends || strcmp(argv[1], "server") == 0;
     int threaded = strcmp(argv[1], "threadclient") == 0;
@@ -537,12 +548,24 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "closeclient") == 0 || strcmp(argv[1], "closenowclient") == 0)
         return close_client(fd, strcmp(argv[1], "closenowclient") == 0);
     if (ends)
-        return end_server(fd, stream);
+        return end_server(fd, stream, resets);
     if (strcmp(argv[1], "exitclient") == 0) {
         send_stream(fd, stream, 1);
         printf("direct: ok\n");
         fflush(stdout);
         /* The connection stays open: the exit must end it. */
+        exit(0);
+    }
+    if (strcmp(argv[1], "resetexitclient") == 0) {
+        send_stream(fd, stream, 1);
+        unsigned char x;
+        get_all(fd, &x, 1);
+        struct linger hard = {.l_onoff = 1, .l_linger = 0};
+        if (setsockopt(fd, SOL_SOCKET, SO_LINGER, &hard, sizeof hard))
+            die("SO_LINGER");
+        printf("direct: ok\n");
+        fflush(stdout);
+        /* Open still, with SO_LINGER 0: the exit must reset it. */
         exit(0);
     }
     if (quiet_end)

@@ -477,38 +477,37 @@ fn a_close_or_an_exit_ends_the_peers_connection_at_once_and_frees_both_queues() 
         );
     }
     // A client that writes its stream and exits with the connection open:
-    // the server reads every byte, then the end, at once.
-    let logs = dir.path().join("exit");
-    std::fs::create_dir(&logs).expect("a log directory");
-    let ends = pair(
-        &tb,
-        &exe,
-        &logs,
-        "7717",
-        ["endserver", "exitclient"],
-        "0",
-        "1048576",
-    );
-    let relay_logs = all_logs(&relays);
-    check_ok(&ends, &relay_logs);
-    let [(server_out, server), (_, client)] = &ends;
-    assert_direct_at_both_ends(Some("7717"), server, client, &relay_logs);
-    let end_ms: u64 = server_out
-        .stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("end_ms "))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no end_ms in {}", server_out.stdout));
-    assert!(
-        end_ms < 2000,
-        "the end took {end_ms} ms\n{client}\n{server}"
-    );
-    assert!(
-        client.contains("direct connection on queue") && client.contains("closed:"),
-        "the exit logged no close:\n{client}"
-    );
-    queues_free(&relays, freed + 2, std::time::Duration::from_secs(2));
-    eprintln!("{test}: endserver, exitclient: the end came {end_ms} ms after the stream");
+    // the server reads every byte, then the end, at once; with the
+    // socket's SO_LINGER 0, a reset, as the kernel's exit gives.
+    for (modes, port) in [
+        (["endserver", "exitclient"], "7717"),
+        (["resetserver", "resetexitclient"], "7718"),
+    ] {
+        let logs = dir.path().join(modes[1]);
+        std::fs::create_dir(&logs).expect("a log directory");
+        let ends = pair(&tb, &exe, &logs, port, modes, "0", "1048576");
+        let relay_logs = all_logs(&relays);
+        check_ok(&ends, &relay_logs);
+        let [(server_out, server), (_, client)] = &ends;
+        assert_direct_at_both_ends(Some(port), server, client, &relay_logs);
+        let end_ms: u64 = server_out
+            .stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("end_ms "))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no end_ms in {}", server_out.stdout));
+        assert!(
+            end_ms < 2000,
+            "{modes:?}: the end took {end_ms} ms\n{client}\n{server}"
+        );
+        assert!(
+            client.contains("direct connection on queue") && client.contains("closed:"),
+            "{modes:?}: the exit logged no close:\n{client}"
+        );
+        freed += 2;
+        queues_free(&relays, freed, std::time::Duration::from_secs(2));
+        eprintln!("{test}: {modes:?}: the end came {end_ms} ms after the stream");
+    }
     stop_all(relays, &tb);
 }
 

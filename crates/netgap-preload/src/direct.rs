@@ -797,16 +797,22 @@ impl Direct {
         }
     }
 
-    /// The program's close is to reset the connection whatever is left
-    /// unread (its socket's `SO_LINGER` is 0), as the kernel's does.
-    pub(crate) fn reset_on_close(&self) {
-        self.reset_on_close.store(true, Ordering::Relaxed);
+    /// The last descriptor `fd` of the connection in this process
+    /// closes, by the program's `close` or at its exit: a socket whose
+    /// `SO_LINGER` is 0 resets the connection whatever is left unread, as
+    /// the kernel's does at a close and at an exit alike, and the close
+    /// has its line in the log. The close itself goes with [`Direct::end`].
+    pub(crate) fn closing(&self, fd: c_int) {
+        if crate::conn::lingers_zero(fd) {
+            self.reset_on_close.store(true, Ordering::Relaxed);
+        }
+        self.log_close(fd);
     }
 
     /// The log line of the last close. In a process that does not drive
     /// the connection the counts are not read: its engine's lock may have
     /// been held by the opener's progress thread at the fork.
-    pub(crate) fn log_close(&self, fd: c_int) {
+    fn log_close(&self, fd: c_int) {
         if pid() != self.opener {
             log_line!(
                 "fd {fd}: direct connection on queue {} closed in a process that does not drive it",

@@ -446,10 +446,7 @@ fn close_direct(fd: c_int) {
         if table::direct_shared_elsewhere(&d) {
             d.sync_cloexec(&table::direct_descriptors(&d));
         } else {
-            if crate::conn::lingers_zero(fd) {
-                d.reset_on_close();
-            }
-            d.log_close(fd);
+            d.closing(fd);
         }
         drop(d);
     }

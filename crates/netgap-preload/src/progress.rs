@@ -372,9 +372,10 @@ extern "C" fn finish_closes() {
     }
     // The connections the program never closed close now, as the kernel
     // closes an exiting process's sockets: their peers see the end (a
-    // reader would otherwise wait for it for good).
+    // reader would otherwise wait for it for good), a reset where the
+    // socket's `SO_LINGER` is 0.
     for (fd, d) in crate::table::take_every_direct() {
-        d.log_close(fd);
+        d.closing(fd);
         d.end();
     }
     let t0 = Instant::now();

@@ -196,7 +196,7 @@ impl Conn {
     pub(crate) fn close_orphan(&self, fd: c_int) {
         #[cfg(feature = "xdp")]
         if let Some(d) = self.went_direct() {
-            d.log_close(fd);
+            d.closing(fd);
             return;
         }
         if self.given_back.load(Ordering::SeqCst) {
