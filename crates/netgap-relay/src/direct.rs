@@ -91,7 +91,7 @@ pub(crate) fn hub_part(config: &RelayConfig, rx_queues: u16) -> DirectHub {
             config.max_direct_per_uid,
         ))),
         next_token: AtomicU64::new(1),
-        spares: port::spares(),
+        spares: port::spares(&config.interface),
     }
 }
 
@@ -553,15 +553,15 @@ mod port {
     use std::io;
     use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 
-    /// A direct connection's port: one connection's shape, which the
-    /// transport's engine on it is built for (4 MiB of UMEM, not the 16
-    /// of a transport port's: the kernel pins every page of it at the
-    /// port's making, a cost each connection's setup pays).
-    const SHAPE: Shape = DirectConn::SHAPE;
-
-    /// The pool of spare ports of the direct connections' shape.
-    pub(crate) fn spares() -> std::sync::Arc<Spares> {
-        Spares::start(SHAPE)
+    /// The pool of spare ports of the direct connections' shape on
+    /// `ifname`: one connection's, which the transport's engine on it is
+    /// built for (2 MiB of UMEM at a 1500-byte MTU, not the 16 of a
+    /// transport port's: the kernel pins every page of it at the port's
+    /// making, a cost each connection's setup pays at both ends). An MTU
+    /// that cannot be read gets the shape that holds any up to 4082 bytes.
+    pub(crate) fn spares(ifname: &str) -> std::sync::Arc<Spares> {
+        let shape: Shape = DirectConn::shape_for_interface(ifname).unwrap_or(DirectConn::SHAPE);
+        Spares::start(shape)
     }
 
     /// How long a queue a closed socket still holds is waited for.
@@ -658,7 +658,7 @@ mod port {
     /// No spares without the feature.
     pub(crate) struct Spares;
 
-    pub(crate) fn spares() -> std::sync::Arc<Spares> {
+    pub(crate) fn spares(_ifname: &str) -> std::sync::Arc<Spares> {
         std::sync::Arc::new(Spares)
     }
 

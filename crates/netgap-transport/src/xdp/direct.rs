@@ -265,6 +265,33 @@ impl DirectConn {
         ring_entries: 512,
     };
 
+    /// The shape of a direct port on an interface whose MTU is
+    /// `mtu_bytes`: [`DirectConn::SHAPE`], with frames of 2048 bytes where
+    /// a frame of that MTU fits in one (1500, the common case), for half
+    /// the UMEM at the same frames and window. The kernel faults in and
+    /// pins every page of a UMEM at its registration, one by one, and
+    /// frees them at its close: each connection's setup pays that at both
+    /// ends, in proportion to the UMEM's size. A frame received is at
+    /// most the interface's MTU and its Ethernet header (a veth drops a
+    /// longer one, and the port's opening checks the same bound).
+    pub fn shape_for_mtu(mtu_bytes: u32) -> Shape {
+        const SMALL_FRAME_BYTES: u32 = 2048;
+        if mtu_bytes as usize + ETH_HEADER_BYTES <= SMALL_FRAME_BYTES as usize {
+            Shape {
+                frame_bytes: SMALL_FRAME_BYTES,
+                ..Self::SHAPE
+            }
+        } else {
+            Self::SHAPE
+        }
+    }
+
+    /// [`DirectConn::shape_for_mtu`] of the interface `ifname` in this
+    /// thread's network namespace; None if its MTU cannot be read.
+    pub fn shape_for_interface(ifname: &str) -> Option<Shape> {
+        crate::host::read_mtu_ioctl(ifname).map(Self::shape_for_mtu)
+    }
+
     /// Maps the handed port (`Xsk::from_handed`) and opens the one
     /// session; the connector's opening is sent here and completed by later
     /// calls (and sent again every 50 ms until answered). Never blocks.
@@ -668,6 +695,23 @@ mod tests {
     const KEY: [u8; 32] = [0x5c; 32];
     /// Longest any helper waits before it fails the test.
     const PATIENCE: Duration = Duration::from_secs(30);
+
+    #[test]
+    fn a_port_for_a_common_mtu_has_half_the_umem_and_the_same_frames() {
+        for mtu in [1280, 1500, 2034] {
+            let s = DirectConn::shape_for_mtu(mtu);
+            assert_eq!(s.frame_bytes, 2048, "MTU {mtu}");
+            assert_eq!((s.frames, s.ring_entries), (1024, 512), "MTU {mtu}");
+        }
+        // One byte more, and a frame of the MTU no longer fits in 2048.
+        for mtu in [2035, 4082, 9000] {
+            assert_eq!(
+                DirectConn::shape_for_mtu(mtu).frame_bytes,
+                4096,
+                "MTU {mtu}"
+            );
+        }
+    }
 
     /// A user's setup on one host: host `a` connects to `b`.
     fn setup_of(on_a: bool) -> DirectSetup {
