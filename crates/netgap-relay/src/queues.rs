@@ -12,11 +12,12 @@
 //! interface that has two or more.
 //!
 //! A queue released a moment ago is taken or offered only when no other
-//! is free ([`COOLING`]): the kernel frees the last socket's hold on a
-//! queue in deferred work after its close, and a bind meanwhile fails
-//! with `EBUSY` (waited out, up to tens of milliseconds, inside a
-//! connection's setup). Short connections one after another (a gather's)
-//! so take turns on two or three queues rather than wait on one.
+//! is free ([`COOLING`]), and then the one released longest ago: the
+//! kernel frees the last socket's hold on a queue in deferred work after
+//! its close, and a bind meanwhile fails with `EBUSY` (waited out, up to
+//! tens of milliseconds, inside a connection's setup). Short connections
+//! one after another (a gather's) so take turns on the queues rather
+//! than wait on one.
 
 use netgap_proto::direct::{agree, free_queues, MAX_QUEUES};
 use std::collections::HashMap;
@@ -104,21 +105,33 @@ impl Queues {
         free_queues(self.count, self.held.keys().copied()) & !reserved
     }
 
-    /// The free queues to choose from at `now`: those not released within
-    /// [`COOLING`], or every free one when those are all.
-    fn settled(&mut self, now: Instant) -> u32 {
+    /// The queues released within [`COOLING`] of `now`.
+    fn cooling(&mut self, now: Instant) -> u32 {
         self.released
             .retain(|_, at| now.saturating_duration_since(*at) < COOLING);
-        let free = self.free();
-        let cooling = self
-            .released
+        self.released
             .keys()
             .filter(|&&q| q < MAX_QUEUES)
-            .fold(0u32, |m, &q| m | (1u32 << q));
-        match free & !cooling {
-            0 => free,
-            settled => settled,
-        }
+            .fold(0u32, |m, &q| m | (1u32 << q))
+    }
+
+    /// The `n` queues of `mask` released longest ago (each of `mask` is
+    /// cooling): where every free queue was released a moment ago (short
+    /// connections one after another, more of them in [`COOLING`] than
+    /// there are queues), the one the kernel most likely let go of, not
+    /// the lowest, which may be the one released last.
+    fn longest_cooled(&self, mask: u32, n: u32) -> u32 {
+        let mut by_age: Vec<(Instant, u16)> = self
+            .released
+            .iter()
+            .filter(|&(&q, _)| q < MAX_QUEUES && mask & (1u32 << q) != 0)
+            .map(|(&q, &at)| (at, q))
+            .collect();
+        by_age.sort_unstable();
+        by_age
+            .iter()
+            .take(n as usize)
+            .fold(0u32, |m, &(_, q)| m | (1u32 << q))
     }
 
     /// An offer of `uid`'s, as `token`: a quarter of the free queues (at
@@ -136,12 +149,13 @@ impl Queues {
         from_top: bool,
     ) -> Result<u32, QueueError> {
         self.check_uid(uid)?;
-        let n = (self.free().count_ones() / 4).clamp(1, OFFER_QUEUES);
-        let free = self.settled(Instant::now());
-        let mask = if from_top {
-            highest(free, n)
-        } else {
-            lowest(free, n)
+        let free = self.free();
+        let n = (free.count_ones() / 4).clamp(1, OFFER_QUEUES);
+        let cooling = self.cooling(Instant::now());
+        let mask = match free & !cooling {
+            0 => self.longest_cooled(free, n),
+            settled if from_top => highest(settled, n),
+            settled => lowest(settled, n),
         };
         if mask == 0 {
             return Err(QueueError::NoneFree(self.iface.clone()));
@@ -174,9 +188,9 @@ impl Queues {
         if ours == 0 {
             return Err(QueueError::NoneFree(self.iface.clone()));
         }
-        let settled = self.settled(Instant::now());
-        let q = agree(settled, theirs)
-            .or_else(|| agree(ours, theirs))
+        let cooling = self.cooling(Instant::now());
+        let q = agree(ours & !cooling, theirs)
+            .or_else(|| agree(self.longest_cooled(ours & theirs & !1, 1), theirs))
             .ok_or(QueueError::NoneShared)?;
         self.held.insert(q, uid);
         Ok(q)
@@ -258,6 +272,29 @@ mod tests {
             2,
             "the only free one, cooling or not"
         );
+    }
+
+    /// Every free queue released a moment ago: the offer names, and the
+    /// accepting side takes, those released longest ago, not the lowest.
+    #[test]
+    fn among_queues_all_just_released_the_one_released_longest_ago_goes_first() {
+        let mut q = Queues::new("eth1", 8, 8);
+        let now = Instant::now();
+        // Queues 1 to 7 released 7 to 1 ms ago: queue 7 longest ago.
+        for k in 1..8u16 {
+            q.released
+                .insert(k, now - Duration::from_millis(u64::from(k)));
+        }
+        assert_eq!(
+            q.offer(1, 3, false).unwrap(),
+            0b1000_0000,
+            "one of seven free"
+        );
+        q.settle(1, None).unwrap();
+        assert_eq!(q.take(3, 0b0110_0110).unwrap(), 6, "of 1, 2, 5 and 6");
+        // One settled queue goes before any cooling one, older or not.
+        q.released.remove(&1);
+        assert_eq!(q.take(4, 0b1011_1110).unwrap(), 1);
     }
 
     #[test]
