@@ -54,6 +54,7 @@ use crate::real;
 use libc::{c_int, epoll_event};
 use netgap_transport::xdp::direct::{DirectConn, CLOSE_LINGER, OPENING_LINGER};
 use std::collections::HashMap;
+use std::mem::ManuallyDrop;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -87,7 +88,8 @@ pub(crate) struct Link {
     /// another is free). Otherwise after `conn`, whose drop lingers for
     /// the peer's acknowledgments, which need the registration.
     relay: Option<OwnedFd>,
-    pub(crate) conn: DirectConn,
+    /// Dropped by [`Link`]'s drop only, on a thread of its own.
+    pub(crate) conn: ManuallyDrop<DirectConn>,
     /// Signalled by the thread after it pumped the connection.
     wake: OwnedFd,
     /// `wake` was signalled since a waiter last took it: set after the
@@ -105,10 +107,18 @@ pub(crate) struct Link {
 }
 
 impl Drop for Link {
+    /// The connection's last hold goes: its AF_XDP socket closes on a
+    /// thread of its own ([`close_apart`]), whichever thread let go last
+    /// (the progress thread after a close's linger, or the program's own
+    /// `close` when the linger ended before it let go).
     fn drop(&mut self) {
+        let mut relay = self.relay.take();
         if self.conn.drop_sends_nothing() {
-            drop(self.relay.take());
+            drop(relay.take());
         }
+        // SAFETY: taken once, here, in the drop; never used again.
+        let conn = unsafe { ManuallyDrop::take(&mut self.conn) };
+        close_apart(conn, relay);
     }
 }
 
@@ -131,7 +141,7 @@ impl Link {
             }
         }
         Ok(Link {
-            conn,
+            conn: ManuallyDrop::new(conn),
             relay: Some(relay),
             wake,
             signalled: AtomicBool::new(false),
@@ -628,9 +638,9 @@ impl Thread {
                 // with a reset, rather than leave it to its silence limit.
                 c.link.conn.give_up_close();
                 c.link.conn.end_linger();
-                let link = c.link;
                 self.p.lingering.fetch_sub(1, Ordering::Relaxed);
-                reap(link);
+                // The last hold's drop closes it apart (see `Link`).
+                drop(c.link);
             }
         }
         sleep
@@ -666,26 +676,41 @@ impl Thread {
 /// How much stack a thread that drops a closed connection needs.
 const REAP_STACK_BYTES: usize = 64 << 10;
 
-/// Drops `link`, whose linger ended, on a thread of its own when this is
-/// its last hold: closing its AF_XDP socket waits for the kernel's grace
-/// period (6 to 12 ms on a busy guest), and the thread that drives every
-/// other connection must not wait with it. A program that opens and
-/// closes connections one after another would otherwise queue those
-/// waits here, each connection's queue held at its relay until the
+/// Drops `conn`, then `relay`, on a thread of its own: closing the AF_XDP
+/// socket waits for the kernel's grace period (6 to 12 ms on a busy
+/// guest), and neither the thread that drives every other connection nor
+/// a program thread must wait with it. A program that opens and closes
+/// connections one after another would otherwise queue those waits in the
+/// progress thread, each connection's queue held at its relay until the
 /// closes before it were done (90 ms at the median, measured, for
-/// connections that lived 8 ms). Its relay socket goes first (see
-/// [`Link`]).
-fn reap(link: Arc<Link>) {
-    if Arc::strong_count(&link) > 1 {
-        // Another hold's drop closes it.
-        return;
-    }
-    // The thread inherits this one's mask (every signal blocked). Without
-    // a thread the closure, and the link with it, is dropped here.
-    let _ = std::thread::Builder::new()
+/// connections that lived 8 ms); or wait in its own `close` (or its next
+/// call) when its drop was the last, as a server did for 9 ms in one
+/// connection of five, between two accepts. The thread starts with
+/// every signal blocked, whoever calls: the program's signals go to its
+/// own threads. Without a thread, both are dropped here.
+fn close_apart(conn: DirectConn, relay: Option<OwnedFd>) {
+    let close = move || {
+        drop(conn);
+        drop(relay);
+    };
+    // SAFETY: an all-zero sigset is valid storage; sigfillset and
+    // pthread_sigmask on it and the calling thread, whose mask is put
+    // back once the thread started (it inherits the blocked one).
+    let was = unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut was: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut was);
+        was
+    };
+    let spawned = std::thread::Builder::new()
         .name("netgap-reap".into())
         .stack_size(REAP_STACK_BYTES)
-        .spawn(move || drop(link));
+        .spawn(close);
+    // SAFETY: the mask saved above, on the same thread.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &was, std::ptr::null_mut()) };
+    // Without a thread, the closure (and `conn` with it) is dropped here.
+    drop(spawned);
 }
 
 /// Blocks every signal in the calling thread: the program's
