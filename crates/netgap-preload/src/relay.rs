@@ -179,31 +179,27 @@ pub(crate) fn open() -> Result<c_int, RelayError> {
     Ok(raw)
 }
 
-/// Whether a relay of root's runs in this namespace (and may be asked).
-fn present() -> Result<(), RelayError> {
-    let fd = open()?;
-    // SAFETY: the probe's own descriptor.
-    unsafe { real::close()(fd) };
-    Ok(())
-}
-
 /// A connection to `port` of `dest` (the program's destination, another
 /// host): a candidate if a relay runs here and the other host's relay says
 /// a program under the library listens there. Otherwise no byte of the
 /// library goes to the peer: a server without it would read the hello as
-/// its own data.
+/// its own data. This host's relay is asked first (no probe leaves a host
+/// without one), on the socket that then holds the reservation.
 pub(crate) fn candidate(fd: c_int, dest: &libc::sockaddr_storage, port: u16) -> Option<Reserved> {
-    if let Err(why) = present() {
-        log_line!(
-            "fd {fd}: connection to port {port} stays on the kernel's TCP: the peer is on another host and {why}"
-        );
-        return None;
-    }
+    let sock = match open() {
+        Ok(s) => RelaySock(s),
+        Err(why) => {
+            log_line!(
+                "fd {fd}: connection to port {port} stays on the kernel's TCP: the peer is on another host and {why}"
+            );
+            return None;
+        }
+    };
     match probe(dest, port) {
         // The relay is reserved before the connection, so that the hello
         // follows the connection's setup at once (a server that writes
         // first commits to the kernel's TCP when no hello is there yet).
-        Ok(true) => match reserve() {
+        Ok(true) => match reserve(sock) {
             Ok(r) => Some(r),
             Err(why) => {
                 log_line!("fd {fd}: connection to port {port} stays on the kernel's TCP: {why}");
@@ -498,14 +494,13 @@ pub(crate) struct Reserved {
     sock: RelaySock,
 }
 
-/// Holds this host's relay for a connection: refused at once when the
-/// relay is busy, so the connection stays on the kernel's TCP before the
-/// peer has seen anything.
-fn reserve() -> Result<Reserved, RelayError> {
+/// Holds this host's relay, on `sock`, for a connection: refused at once
+/// when the relay is busy, so the connection stays on the kernel's TCP
+/// before the peer has seen anything.
+fn reserve(sock: RelaySock) -> Result<Reserved, RelayError> {
     let key = crate::unix::random::<RELAY_KEY_BYTES>()
         .map_err(|e| RelayError::NoKey(std::io::Error::from_raw_os_error(e)))?;
     let ring = ring_bytes();
-    let sock = RelaySock(open()?);
     match ask(
         sock.0,
         &RelayRequest::Reserve {
