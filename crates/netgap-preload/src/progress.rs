@@ -688,7 +688,7 @@ const REAP_STACK_BYTES: usize = 64 << 10;
 /// connection of five, between two accepts. The thread starts with
 /// every signal blocked, whoever calls: the program's signals go to its
 /// own threads. Without a thread, both are dropped here.
-fn close_apart(conn: DirectConn, relay: Option<OwnedFd>) {
+fn close_apart<C: Send + 'static>(conn: C, relay: Option<OwnedFd>) {
     let close = move || {
         drop(conn);
         drop(relay);
@@ -723,5 +723,101 @@ fn block_signals() {
         let mut all: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
+mod tests {
+    use super::*;
+    use std::os::fd::FromRawFd;
+    use std::sync::mpsc;
+
+    /// Whether `sig` is blocked in the calling thread.
+    fn blocked(sig: c_int) -> bool {
+        // SAFETY: an all-zero sigset is valid storage; a null new set
+        // only reads the calling thread's mask.
+        unsafe {
+            let mut mask: libc::sigset_t = std::mem::zeroed();
+            libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut mask);
+            libc::sigismember(&mask, sig) == 1
+        }
+    }
+
+    /// What the thread that dropped a [`Witness`] saw.
+    struct Seen {
+        thread: Option<String>,
+        signals_blocked: bool,
+        relay_open: bool,
+    }
+
+    /// Stands for a connection: says, when dropped, on which thread,
+    /// with which signals blocked, and whether the relay socket (the
+    /// write end of a pipe whose read end is `far`) was still open.
+    struct Witness {
+        far: c_int,
+        said: mpsc::Sender<Seen>,
+    }
+
+    impl Drop for Witness {
+        fn drop(&mut self) {
+            let mut p = libc::pollfd {
+                fd: self.far,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd; a zero timeout never blocks.
+            unsafe { libc::poll(&mut p, 1, 0) };
+            let _ = self.said.send(Seen {
+                thread: std::thread::current().name().map(str::to_owned),
+                signals_blocked: [libc::SIGALRM, libc::SIGCHLD, libc::SIGTERM, libc::SIGUSR1]
+                    .into_iter()
+                    .all(blocked),
+                relay_open: p.revents & libc::POLLHUP == 0,
+            });
+        }
+    }
+
+    /// A closed connection's socket is dropped on a thread of its own,
+    /// which the program's signals never reach, and its relay socket only
+    /// after it; the caller's own mask is as it was.
+    #[test]
+    fn a_closed_connection_goes_on_a_thread_of_its_own_with_every_signal_blocked_relay_last() {
+        let mut ends = [0 as c_int; 2];
+        // SAFETY: `ends` is valid for two descriptors.
+        let made = unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) };
+        assert_eq!(made, 0);
+        // SAFETY: both fresh descriptors, owned here.
+        let (far, relay) =
+            unsafe { (OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1])) };
+        let (said, seen) = mpsc::channel();
+        assert!(!blocked(libc::SIGUSR1), "the test thread blocks nothing");
+        close_apart(
+            Witness {
+                far: far.as_raw_fd(),
+                said,
+            },
+            Some(relay),
+        );
+        assert!(
+            !blocked(libc::SIGUSR1),
+            "the caller's mask is its own again"
+        );
+        let s = seen.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(s.thread.as_deref(), Some("netgap-reap"));
+        assert!(s.signals_blocked, "the closing thread blocks every signal");
+        assert!(s.relay_open, "the relay socket closes after the connection");
+        // And then it does close.
+        let mut p = libc::pollfd {
+            fd: far.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut p, 1, 10_000) };
+        assert!(
+            n == 1 && p.revents & libc::POLLHUP != 0,
+            "the relay socket closed"
+        );
     }
 }
