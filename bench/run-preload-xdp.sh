@@ -61,6 +61,7 @@
 #        (the latency rows alone, of sockperf's runs and netgap's only those named)
 #        WEB=0 LATENCY=0 SETUP_CONNECTIONS=500 bench/run-preload-xdp.sh   (setup alone)
 #        NETGAP_PRELOAD=/path/libnetgap_preload.so ...   (another build of the library)
+#        NETGAP=/path/netgap ...   (another build of the binary: the relays, `netgap wrap`)
 # Needs root, nginx, wrk (WRK=0 skips its rows), libxdp-dev and libbpf-dev
 # (the xdp feature).
 set -euo pipefail
@@ -83,7 +84,7 @@ else
     nice cargo build --quiet --features xdp -p netgap-preload -p netgap
 fi
 export NETGAP_PRELOAD=${NETGAP_PRELOAD:-$PWD/target/$profile/libnetgap_preload.so}
-netgap=$PWD/target/$profile/netgap
+netgap=${NETGAP:-$PWD/target/$profile/netgap}
 tb=${TB_NAME:-pxbench}
 dir=$(mktemp -d)
 chmod 755 "$dir"
