@@ -7,6 +7,10 @@
 //! where the bind is tens of microseconds); it no longer sits between a
 //! direct request and its grant, on each end.
 //!
+//! A UMEM goes on the system's huge pages while enough are free
+//! (`handover::prepare`): 0.04 ms to make instead of 1.2 ms for 2 MiB on
+//! that VM, which halved a short direct connection's setup there.
+//!
 //! A spare is fresh: made for no one, handed to one program at most, and
 //! never back in the pool (the relay keeps no copy of what it handed).
 //! An unbound spare is in no queue and no steering map, so it receives
@@ -68,9 +72,11 @@ impl Spares {
     /// Keeps [`SPARES`] ready, each made outside the lock. A port that
     /// cannot be made (memory, rights) is tried again after a pause, the
     /// grants meanwhile making their own and saying why they could not;
-    /// the log says when that starts and when it ends, not every second.
+    /// the log says when that starts and when it ends, not every second;
+    /// and when the ports go on huge pages or off them (none free).
     fn fill(&self) {
         let mut failing = false;
+        let mut on_huge_pages = None;
         loop {
             {
                 let mut ready = self.ready();
@@ -82,6 +88,13 @@ impl Spares {
                 Ok(s) => {
                     if std::mem::take(&mut failing) {
                         log!("spare direct ports are made again");
+                    }
+                    if on_huge_pages.replace(s.huge_pages()) != Some(s.huge_pages()) {
+                        if s.huge_pages() {
+                            log!("direct ports' UMEMs on huge pages");
+                        } else {
+                            log!("direct ports' UMEMs on ordinary pages: no huge page free (vm.nr_hugepages); each costs the kernel more to make");
+                        }
                     }
                     self.ready().push(s);
                 }
