@@ -324,9 +324,9 @@ static int close_server(int fd) {
 
 /* Reads a stream of `n` bytes, then the end, which a client that exits
  * without closing its connection still sends, as the kernel ends an
- * exiting process's connections; gives it 10 s. */
-/* `reset`: the stream read, one byte says so, and the client's exit must
- * then reset the connection (ECONNRESET), not end it. */
+ * exiting process's connections; gives it 10 s. With `reset`, one byte
+ * says the stream was read, and the client's exit must then reset the
+ * connection (ECONNRESET), not end it. */
 static int end_server(int fd, size_t n, int reset) {
     check_stream(fd, n, 1);
     struct timeval limit = {.tv_sec = 10};

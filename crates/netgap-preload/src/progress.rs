@@ -478,7 +478,7 @@ impl Thread {
     }
 
     fn run(mut self) {
-        block_signals();
+        let _ = block_signals();
         let mut events = [epoll_event { events: 0, u64: 0 }; 64];
         loop {
             self.take_handed();
@@ -693,16 +693,9 @@ fn close_apart<C: Send + 'static>(conn: C, relay: Option<OwnedFd>) {
         drop(conn);
         drop(relay);
     };
-    // SAFETY: an all-zero sigset is valid storage; sigfillset and
-    // pthread_sigmask on it and the calling thread, whose mask is put
-    // back once the thread started (it inherits the blocked one).
-    let was = unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        let mut was: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut was);
-        was
-    };
+    // The thread inherits the blocked mask; the caller's own is put back
+    // once it started.
+    let was = block_signals();
     let spawned = std::thread::Builder::new()
         .name("netgap-reap".into())
         .stack_size(REAP_STACK_BYTES)
@@ -715,14 +708,16 @@ fn close_apart<C: Send + 'static>(conn: C, relay: Option<OwnedFd>) {
 
 /// Blocks every signal in the calling thread: the program's
 /// process-directed signals (its alarms, its children's ends) go to its
-/// own threads, whose handlers expect them.
-fn block_signals() {
+/// own threads, whose handlers expect them. Returns the mask before.
+fn block_signals() -> libc::sigset_t {
     // SAFETY: an all-zero sigset is valid storage; sigfillset and
     // pthread_sigmask on it and the calling thread.
     unsafe {
         let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut was: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut was);
+        was
     }
 }
 

@@ -276,7 +276,7 @@ impl DirectConn {
     /// longer one, and the port's opening checks the same bound).
     pub fn shape_for_mtu(mtu_bytes: u32) -> Shape {
         const SMALL_FRAME_BYTES: u32 = 2048;
-        if mtu_bytes as usize + ETH_HEADER_BYTES <= SMALL_FRAME_BYTES as usize {
+        if frame_holds(SMALL_FRAME_BYTES, mtu_bytes as usize) {
             Shape {
                 frame_bytes: SMALL_FRAME_BYTES,
                 ..Self::SHAPE
@@ -316,7 +316,7 @@ impl DirectConn {
                 ifindex: g.ifindex,
                 source,
             })?;
-        if mtu_bytes + ETH_HEADER_BYTES > g.frame_bytes as usize {
+        if !frame_holds(g.frame_bytes, mtu_bytes) {
             return Err(DirectError::FrameTooSmall {
                 mtu_bytes,
                 frame_bytes: g.frame_bytes,
@@ -651,6 +651,12 @@ fn interface(ifindex: u32) -> io::Result<(Mac, usize)> {
     let mtu = crate::host::read_mtu_ioctl(&name)
         .ok_or_else(|| io::Error::other(format!("cannot read the MTU of {name}")))?;
     Ok((mac, mtu as usize))
+}
+
+/// Whether a UMEM frame of `frame_bytes` holds a frame of an interface
+/// whose MTU is `mtu_bytes`, with its Ethernet header.
+fn frame_holds(frame_bytes: u32, mtu_bytes: usize) -> bool {
+    mtu_bytes + ETH_HEADER_BYTES <= frame_bytes as usize
 }
 
 /// Four bytes from the kernel's random source (initial sequence numbers).
