@@ -14,6 +14,7 @@ use libc::{c_int, epoll_event};
 /// relay socket joins it in each, as `epoll_ctl` would have done.
 pub(crate) fn bell_joins_epolls(fd: c_int) {
     let e = errno();
+    let _registering = table::registering();
     #[cfg(feature = "xdp")]
     let direct = matches!(table::get(fd), Some(Entry::Direct(_)));
     for (epfd, i) in table::epoll_regs_without_bell(fd) {
@@ -100,6 +101,7 @@ pub(crate) fn register_bell(epfd: c_int, op: c_int, fd: c_int, events: u32, data
 #[cfg(feature = "xdp")]
 pub(crate) fn granting_in_epolls(fd: c_int, relay: c_int, op: c_int) {
     let e = errno();
+    let _registering = table::registering();
     for (epfd, i) in table::epoll_regs_without_bell(fd) {
         granting_in_epoll(epfd, op, relay, i.events, i.data);
     }

@@ -280,6 +280,7 @@ pub unsafe extern "C" fn accept4(
 #[must_use]
 fn forget(fd: c_int) -> Option<Arc<Conn>> {
     let mut last = None;
+    let registering = table::registering();
     let taken = table::take(fd);
     let bell = match &taken {
         Some(Entry::Shm(c)) => c.bell(),
@@ -297,6 +298,7 @@ fn forget(fd: c_int) -> Option<Arc<Conn>> {
             unsafe { real::epoll_ctl()(epfd, libc::EPOLL_CTL_DEL, bell, &mut ev) };
         }
     }
+    drop(registering);
     match taken {
         Some(Entry::Shm(c)) if !table::shared_elsewhere(&c) => {
             c.log_close(fd);
@@ -332,6 +334,7 @@ fn close_offered(fd: c_int) -> Option<c_int> {
         set_errno(e);
         return None;
     }
+    let registering = table::registering();
     let _ = table::take(fd);
     for epfd in table::epoll_forget(fd) {
         if last {
@@ -345,6 +348,7 @@ fn close_offered(fd: c_int) -> Option<c_int> {
             unsafe { real::epoll_ctl()(epfd, libc::EPOLL_CTL_DEL, fd, &mut ev) };
         }
     }
+    drop(registering);
     if !last {
         sync_cloexec(&c);
     }
@@ -436,6 +440,7 @@ fn settle_granting(fd: c_int) {
 #[cfg(feature = "xdp")]
 fn close_direct(fd: c_int) {
     let e = errno();
+    let registering = table::registering();
     if let Some(Entry::Direct(d)) = table::take(fd) {
         for epfd in table::epoll_forget(fd) {
             let mut ev = epoll_event { events: 0, u64: 0 };
@@ -443,6 +448,7 @@ fn close_direct(fd: c_int) {
             // connection's own socket, registered beside `fd` there.
             unsafe { real::epoll_ctl()(epfd, libc::EPOLL_CTL_DEL, d.wait_fd(), &mut ev) };
         }
+        drop(registering);
         if table::direct_shared_elsewhere(&d) {
             d.sync_cloexec(&table::direct_descriptors(&d));
         } else {

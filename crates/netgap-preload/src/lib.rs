@@ -135,6 +135,7 @@ extern "C" fn load() {
     // SAFETY: registering a handler with no preconditions; it runs in the
     // parent before each fork and only marks connections.
     unsafe { libc::pthread_atfork(Some(before_fork), None, None) };
+    table::hold_registrations_across_fork();
     inherit::adopt();
 }
 

@@ -237,6 +237,73 @@ pub(crate) struct Interest {
 /// epoll descriptor → (descriptor → registration).
 static EPOLL: Mutex<Option<HashMap<c_int, HashMap<c_int, Interest>>>> = Mutex::new(None);
 
+/// Held across each change the library makes to the program's epolls: the
+/// kernel's registrations (a descriptor's and its relay socket's beside
+/// it) and their record in [`EPOLL`] change together. A wait that woke
+/// looks at the records only once the changes begun before it woke are
+/// whole ([`registrations_settled`]); else a registration the kernel
+/// already reported (the relay socket's and the connection's, with the
+/// same data) could be missing from the records, and reach the program as
+/// two events, or a removal could miss a relay socket registered a moment
+/// before it was recorded, leaving it to wake the epoll later with the
+/// data of a descriptor the program had taken out (and reuses).
+///
+/// A pthread mutex, not a `Mutex`, so that `fork` can hold it across
+/// (see [`hold_registrations_across_fork`]): a child forked while another
+/// thread held it would otherwise find it held forever.
+struct RegistrationLock(std::cell::UnsafeCell<libc::pthread_mutex_t>);
+
+// SAFETY: a pthread mutex is made to be locked and unlocked from any
+// thread; the cell is only ever handed to the pthread calls.
+unsafe impl Sync for RegistrationLock {}
+
+static REGISTRATIONS: RegistrationLock =
+    RegistrationLock(std::cell::UnsafeCell::new(libc::PTHREAD_MUTEX_INITIALIZER));
+
+/// The lock on the program's epoll registrations, held while this lives
+/// (see [`REGISTRATIONS`]). Never taken twice by one thread: nothing done
+/// under it asks for it again.
+#[must_use]
+pub(crate) struct Registering(());
+
+/// Takes the lock on the program's epoll registrations.
+pub(crate) fn registering() -> Registering {
+    // SAFETY: a statically initialised default mutex, locked here and
+    // unlocked by the guard's drop in the same thread.
+    unsafe { libc::pthread_mutex_lock(REGISTRATIONS.0.get()) };
+    Registering(())
+}
+
+impl Drop for Registering {
+    fn drop(&mut self) {
+        // SAFETY: locked by this thread in `registering`.
+        unsafe { libc::pthread_mutex_unlock(REGISTRATIONS.0.get()) };
+    }
+}
+
+/// Waits until every change to the program's epolls begun before now is
+/// whole, kernel and records alike.
+fn registrations_settled() {
+    drop(registering());
+}
+
+/// Keeps the registrations' lock held across `fork` (taken before it,
+/// let go after it in both processes), so that the child never inherits
+/// it held by a thread it does not have.
+pub(crate) fn hold_registrations_across_fork() {
+    extern "C" fn before() {
+        std::mem::forget(registering());
+    }
+    extern "C" fn after() {
+        // SAFETY: locked by this thread in `before`, the fork's own
+        // preparation; in the child this thread is the one that forked.
+        unsafe { libc::pthread_mutex_unlock(REGISTRATIONS.0.get()) };
+    }
+    // SAFETY: registers plain extern "C" functions that only lock and
+    // unlock the mutex above.
+    unsafe { libc::pthread_atfork(Some(before), Some(after), Some(after)) };
+}
+
 /// Records an `epoll_ctl` that the kernel accepted.
 pub(crate) fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: Option<Interest>) {
     let mut g = EPOLL.lock().unwrap_or_else(|p| p.into_inner());
@@ -309,18 +376,23 @@ pub(crate) type EpollEntries = (
     Vec<(c_int, Interest, Arc<Pending>)>,
 );
 
+/// The registrations of `epfd` as recorded once every change begun before
+/// the call is whole; None if it has none.
+fn epoll_regs(epfd: c_int) -> Option<Vec<(c_int, Interest)>> {
+    registrations_settled();
+    let g = EPOLL.lock().unwrap_or_else(|p| p.into_inner());
+    let s = g.as_ref()?.get(&epfd)?;
+    Some(s.iter().map(|(&fd, &i)| (fd, i)).collect())
+}
+
 /// The registrations of `epfd` that are direct connections.
 #[cfg(feature = "xdp")]
 pub(crate) fn epoll_direct(epfd: c_int) -> Vec<(c_int, Interest, Arc<crate::direct::Direct>)> {
     if ENTRIES.load(Ordering::Relaxed) == 0 {
         return Vec::new();
     }
-    let regs: Vec<(c_int, Interest)> = {
-        let g = EPOLL.lock().unwrap_or_else(|p| p.into_inner());
-        match g.as_ref().and_then(|m| m.get(&epfd)) {
-            Some(s) => s.iter().map(|(&fd, &i)| (fd, i)).collect(),
-            None => return Vec::new(),
-        }
+    let Some(regs) = epoll_regs(epfd) else {
+        return Vec::new();
     };
     let t = TABLE.read().unwrap_or_else(|p| p.into_inner());
     regs.into_iter()
@@ -335,12 +407,8 @@ pub(crate) fn epoll_entries(epfd: c_int) -> EpollEntries {
     if ENTRIES.load(Ordering::Relaxed) == 0 {
         return (Vec::new(), Vec::new());
     }
-    let regs: Vec<(c_int, Interest)> = {
-        let g = EPOLL.lock().unwrap_or_else(|p| p.into_inner());
-        match g.as_ref().and_then(|m| m.get(&epfd)) {
-            Some(s) => s.iter().map(|(&fd, &i)| (fd, i)).collect(),
-            None => return (Vec::new(), Vec::new()),
-        }
+    let Some(regs) = epoll_regs(epfd) else {
+        return (Vec::new(), Vec::new());
     };
     let t = TABLE.read().unwrap_or_else(|p| p.into_inner());
     let (mut shm, mut pend) = (Vec::new(), Vec::new());
@@ -368,5 +436,42 @@ impl Drop for Conn {
             // SAFETY: the relay socket this connection owns, closed once.
             unsafe { real::close()(bell) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    /// A wait that woke looks at the records only once a change begun
+    /// before it is whole: the registration recorded after the kernel's
+    /// (here, after a pause) is in what it sees.
+    #[test]
+    fn a_look_at_the_registrations_waits_for_a_change_under_way() {
+        // An epoll number no other test uses: the records are the
+        // process's.
+        let (epfd, fd) = (-1_000_001, 5);
+        let (held, holding) = mpsc::channel();
+        let changer = std::thread::spawn(move || {
+            let registering = registering();
+            held.send(()).expect("the test waits");
+            std::thread::sleep(Duration::from_millis(100));
+            let interest = Interest {
+                events: libc::EPOLLIN as u32,
+                data: 7,
+                bell: true,
+            };
+            epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, Some(interest));
+            drop(registering);
+        });
+        holding.recv().expect("the change began");
+        let regs = epoll_regs(epfd).expect("the registration recorded");
+        assert_eq!(regs.len(), 1);
+        assert_eq!((regs[0].0, regs[0].1.data, regs[0].1.bell), (fd, 7, true));
+        changer.join().expect("the change");
+        epoll_ctl(epfd, libc::EPOLL_CTL_DEL, fd, None);
+        assert!(epoll_regs(epfd).is_some_and(|r| r.is_empty()));
     }
 }

@@ -224,6 +224,9 @@ pub unsafe extern "C" fn epoll_ctl(
     fd: c_int,
     event: *mut epoll_event,
 ) -> c_int {
+    // The kernel's registrations and the table's record of them change as
+    // one (see `table::registering`).
+    let _registering = table::registering();
     #[cfg(feature = "xdp")]
     if op != libc::EPOLL_CTL_DEL && !event.is_null() {
         if let Some(Entry::Direct(_)) = table::get(fd) {

@@ -67,6 +67,7 @@ pub(super) fn keep(fd: c_int, p: &Pending, stage: &mut Pend, g: Granting) {
 /// its writability while `holding` ([`held_events`]).
 fn hold_writes(fd: c_int, holding: bool) {
     let e = errno();
+    let _registering = table::registering();
     for (epfd, i) in table::epoll_regs_without_bell(fd) {
         if held_events(i.events) == i.events {
             continue;
