@@ -27,9 +27,11 @@ use libc::{sockaddr, socklen_t, ssize_t};
 use std::sync::Arc;
 
 pub mod data;
+pub mod epoll;
 pub mod poll;
 #[cfg(feature = "xdp")]
 mod poll_direct;
+pub mod select;
 #[cfg(feature = "xdp")]
 mod select_direct;
 

@@ -3,7 +3,8 @@
 //! and a wait watches its AF_XDP socket in its place for at most its next
 //! timer; the rest of the set is waited on as `poll.rs` waits on it.
 
-use super::poll::{left_ms, rings_epoll_wait, rings_poll, Polled, Watched};
+use super::epoll::rings_epoll_wait;
+use super::poll::{left_ms, rings_poll, Polled, Watched};
 use crate::table::{self, Entry, Interest};
 use libc::{c_int, epoll_event, nfds_t, pollfd};
 use std::sync::Arc;
