@@ -22,7 +22,7 @@ use crate::inherit::sync_cloexec;
 use crate::real;
 use crate::setup::{self, Resolved};
 use crate::table::{self, Entry};
-use libc::{c_int, c_ulong, c_void, epoll_event};
+use libc::{c_int, c_ulong, c_void};
 use libc::{sockaddr, socklen_t, ssize_t};
 use std::sync::Arc;
 
@@ -282,25 +282,14 @@ pub unsafe extern "C" fn accept4(
 #[must_use]
 fn forget(fd: c_int) -> Option<Arc<Conn>> {
     let mut last = None;
-    let registering = table::registering();
-    let taken = table::take(fd);
-    let bell = match &taken {
-        Some(Entry::Shm(c)) => c.bell(),
-        _ => -1,
-    };
     // The relay socket stays registered (with this descriptor's data)
     // wherever it was beside `fd` while another descriptor keeps the
     // connection: take it out, or its wake-ups would name a closed
     // descriptor's data.
-    for epfd in table::epoll_forget(fd) {
-        if bell >= 0 {
-            let mut ev = epoll_event { events: 0, u64: 0 };
-            // SAFETY: a plain epoll_ctl on the program's epoll and the
-            // connection's own relay socket.
-            unsafe { real::epoll_ctl()(epfd, libc::EPOLL_CTL_DEL, bell, &mut ev) };
-        }
-    }
-    drop(registering);
+    let taken = table::take_registered(fd, |e| match e {
+        Some(Entry::Shm(c)) if c.bell() >= 0 => Some(c.bell()),
+        _ => None,
+    });
     match taken {
         Some(Entry::Shm(c)) if !table::shared_elsewhere(&c) => {
             c.log_close(fd);
@@ -336,21 +325,11 @@ fn close_offered(fd: c_int) -> Option<c_int> {
         set_errno(e);
         return None;
     }
-    let registering = table::registering();
-    let _ = table::take(fd);
-    for epfd in table::epoll_forget(fd) {
-        if last {
-            // The library's duplicate keeps the socket's file open, and
-            // with it the program's registrations of `fd` (the kernel
-            // drops them with the file's last descriptor): they go now, as
-            // the kernel's close of the last descriptor would take them.
-            let mut ev = epoll_event { events: 0, u64: 0 };
-            // SAFETY: a plain epoll_ctl on the program's epoll and its
-            // still open descriptor.
-            unsafe { real::epoll_ctl()(epfd, libc::EPOLL_CTL_DEL, fd, &mut ev) };
-        }
-    }
-    drop(registering);
+    // The library's duplicate keeps the socket's file open, and with it
+    // the program's registrations of `fd` (the kernel drops them with the
+    // file's last descriptor): they go now, as the kernel's close of the
+    // last descriptor would take them.
+    let _ = table::take_registered(fd, |_| last.then_some(fd));
     if !last {
         sync_cloexec(&c);
     }
@@ -442,15 +421,11 @@ fn settle_granting(fd: c_int) {
 #[cfg(feature = "xdp")]
 fn close_direct(fd: c_int) {
     let e = errno();
-    let registering = table::registering();
-    if let Some(Entry::Direct(d)) = table::take(fd) {
-        for epfd in table::epoll_forget(fd) {
-            let mut ev = epoll_event { events: 0, u64: 0 };
-            // SAFETY: a plain epoll_ctl on the program's epoll and the
-            // connection's own socket, registered beside `fd` there.
-            unsafe { real::epoll_ctl()(epfd, libc::EPOLL_CTL_DEL, d.wait_fd(), &mut ev) };
-        }
-        drop(registering);
+    let taken = table::take_registered(fd, |e| match e {
+        Some(Entry::Direct(d)) => Some(d.wait_fd()),
+        _ => None,
+    });
+    if let Some(Entry::Direct(d)) = taken {
         if table::direct_shared_elsewhere(&d) {
             d.sync_cloexec(&table::direct_descriptors(&d));
         } else {

@@ -354,10 +354,35 @@ pub(crate) fn epoll_set_bell(epfd: c_int, fd: c_int) {
     }
 }
 
+/// Takes `fd`'s entry out of the table and its registrations out of the
+/// records of the program's epolls, as one step that a woken wait sees
+/// whole (see [`registering`]). `beside` names, from the entry taken, a
+/// socket that leaves, in the same step, each epoll where the library
+/// registered it beside `fd` (a relay socket, a direct connection's
+/// socket, or `fd` itself when a duplicate of the library's keeps its
+/// file open, and with it the kernel's registrations).
+pub(crate) fn take_registered(
+    fd: c_int,
+    beside: impl FnOnce(Option<&Entry>) -> Option<c_int>,
+) -> Option<Entry> {
+    let _registering = registering();
+    let taken = take(fd);
+    let leaving = beside(taken.as_ref());
+    for epfd in epoll_forget(fd) {
+        if let Some(s) = leaving {
+            let mut ev = libc::epoll_event { events: 0, u64: 0 };
+            // SAFETY: a plain epoll_ctl on the program's epoll and a
+            // socket registered there beside `fd`, still open.
+            unsafe { real::epoll_ctl()(epfd, libc::EPOLL_CTL_DEL, s, &mut ev) };
+        }
+    }
+    taken
+}
+
 /// Forgets `fd` as a registered descriptor and as an epoll instance;
 /// returns the epolls where its registration had the relay socket beside
 /// it.
-pub(crate) fn epoll_forget(fd: c_int) -> Vec<c_int> {
+fn epoll_forget(fd: c_int) -> Vec<c_int> {
     let mut g = EPOLL.lock().unwrap_or_else(|p| p.into_inner());
     let Some(map) = g.as_mut() else {
         return Vec::new();
