@@ -21,7 +21,7 @@ use crate::errno::{errno, set_errno, Errno};
 use crate::inherit::sync_cloexec;
 use crate::real;
 use crate::setup::{self, Resolved};
-use crate::table::{self, Entry};
+use crate::table::{self, Entry, Leaving};
 use libc::{c_int, c_ulong, c_void};
 use libc::{sockaddr, socklen_t, ssize_t};
 use std::sync::Arc;
@@ -286,9 +286,9 @@ fn forget(fd: c_int) -> Option<Arc<Conn>> {
     // wherever it was beside `fd` while another descriptor keeps the
     // connection: take it out, or its wake-ups would name a closed
     // descriptor's data.
-    let taken = table::take_registered(fd, |e| match e {
-        Some(Entry::Shm(c)) if c.bell() >= 0 => Some(c.bell()),
-        _ => None,
+    let taken = table::take_registered(fd, |e| Leaving {
+        beside: relay_socket(e),
+        itself: false,
     });
     match taken {
         Some(Entry::Shm(c)) if !table::shared_elsewhere(&c) => {
@@ -303,6 +303,16 @@ fn forget(fd: c_int) -> Option<Arc<Conn>> {
         _ => {}
     }
     last
+}
+
+/// A relayed connection's socket to its relay, which the library
+/// registers beside the connection's descriptor in the program's epolls
+/// (`bell::register_bell`).
+fn relay_socket(e: Option<&Entry>) -> Option<c_int> {
+    match e {
+        Some(Entry::Shm(c)) if c.bell() >= 0 => Some(c.bell()),
+        _ => None,
+    }
 }
 
 /// The relayed connection still offered that `fd` holds, if it does.
@@ -328,8 +338,12 @@ fn close_offered(fd: c_int) -> Option<c_int> {
     // The library's duplicate keeps the socket's file open, and with it
     // the program's registrations of `fd` (the kernel drops them with the
     // file's last descriptor): they go now, as the kernel's close of the
-    // last descriptor would take them.
-    let _ = table::take_registered(fd, |_| last.then_some(fd));
+    // last descriptor would take them. The relay socket beside it goes
+    // as `forget` takes it.
+    let _ = table::take_registered(fd, |e| Leaving {
+        beside: relay_socket(e),
+        itself: last,
+    });
     if !last {
         sync_cloexec(&c);
     }
@@ -421,9 +435,12 @@ fn settle_granting(fd: c_int) {
 #[cfg(feature = "xdp")]
 fn close_direct(fd: c_int) {
     let e = errno();
-    let taken = table::take_registered(fd, |e| match e {
-        Some(Entry::Direct(d)) => Some(d.wait_fd()),
-        _ => None,
+    let taken = table::take_registered(fd, |e| Leaving {
+        beside: match e {
+            Some(Entry::Direct(d)) => Some(d.wait_fd()),
+            _ => None,
+        },
+        itself: false,
     });
     if let Some(Entry::Direct(d)) = taken {
         if table::direct_shared_elsewhere(&d) {

@@ -354,25 +354,41 @@ pub(crate) fn epoll_set_bell(epfd: c_int, fd: c_int) {
     }
 }
 
+/// What leaves the program's epolls with a descriptor the library
+/// forgets ([`take_registered`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Leaving {
+    /// The socket the library registered beside the descriptor (a relay
+    /// socket, a direct connection's socket), from each epoll where it
+    /// did: its wake-ups would name a closed descriptor's data.
+    pub(crate) beside: Option<c_int>,
+    /// The descriptor itself, from every epoll it is registered in: a
+    /// duplicate of the library's keeps its file open, and with it the
+    /// kernel's registrations, which the kernel's close of the file's last
+    /// descriptor would take.
+    pub(crate) itself: bool,
+}
+
 /// Takes `fd`'s entry out of the table and its registrations out of the
 /// records of the program's epolls, as one step that a woken wait sees
-/// whole (see [`registering`]). `beside` names, from the entry taken, a
-/// socket that leaves, in the same step, each epoll where the library
-/// registered it beside `fd` (a relay socket, a direct connection's
-/// socket, or `fd` itself when a duplicate of the library's keeps its
-/// file open, and with it the kernel's registrations).
+/// whole (see [`registering`]); what `leaving` says, from the entry
+/// taken, leaves the kernel's registrations in the same step.
 pub(crate) fn take_registered(
     fd: c_int,
-    beside: impl FnOnce(Option<&Entry>) -> Option<c_int>,
+    leaving: impl FnOnce(Option<&Entry>) -> Leaving,
 ) -> Option<Entry> {
     let _registering = registering();
     let taken = take(fd);
-    let leaving = beside(taken.as_ref());
-    for epfd in epoll_forget(fd) {
-        if let Some(s) = leaving {
+    let leaving = leaving(taken.as_ref());
+    for (epfd, bell) in epoll_forget(fd) {
+        let gone = [
+            leaving.beside.filter(|_| bell),
+            leaving.itself.then_some(fd),
+        ];
+        for s in gone.into_iter().flatten() {
             let mut ev = libc::epoll_event { events: 0, u64: 0 };
             // SAFETY: a plain epoll_ctl on the program's epoll and a
-            // socket registered there beside `fd`, still open.
+            // descriptor registered there, still open.
             unsafe { real::epoll_ctl()(epfd, libc::EPOLL_CTL_DEL, s, &mut ev) };
         }
     }
@@ -380,16 +396,16 @@ pub(crate) fn take_registered(
 }
 
 /// Forgets `fd` as a registered descriptor and as an epoll instance;
-/// returns the epolls where its registration had the relay socket beside
-/// it.
-fn epoll_forget(fd: c_int) -> Vec<c_int> {
+/// returns the epolls where it was registered, each with whether the
+/// library's socket was beside it there.
+fn epoll_forget(fd: c_int) -> Vec<(c_int, bool)> {
     let mut g = EPOLL.lock().unwrap_or_else(|p| p.into_inner());
     let Some(map) = g.as_mut() else {
         return Vec::new();
     };
     map.remove(&fd);
     map.iter_mut()
-        .filter_map(|(&epfd, s)| s.remove(&fd).filter(|i| i.bell).map(|_| epfd))
+        .filter_map(|(&epfd, s)| s.remove(&fd).map(|i| (epfd, i.bell)))
         .collect()
 }
 
@@ -498,5 +514,92 @@ mod tests {
         changer.join().expect("the change");
         epoll_ctl(epfd, libc::EPOLL_CTL_DEL, fd, None);
         assert!(epoll_regs(epfd).is_some_and(|r| r.is_empty()));
+    }
+
+    /// An eventfd, closed when dropped.
+    fn eventfd() -> std::os::fd::OwnedFd {
+        use std::os::fd::FromRawFd;
+        // SAFETY: plain eventfd; the result is checked and owned at once.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        assert!(fd >= 0, "eventfd: {}", std::io::Error::last_os_error());
+        // SAFETY: a new descriptor nothing else owns.
+        unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }
+    }
+
+    /// Whether `fd` is registered in the kernel's `epfd`: a change of it
+    /// is refused with ENOENT when it is not.
+    fn in_kernel_epoll(epfd: c_int, fd: c_int) -> bool {
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: 0,
+        };
+        // SAFETY: plain epoll_ctl on the test's own descriptors (the C
+        // library's: this crate's own `epoll_ctl` is the test binary's).
+        let r = unsafe { real::epoll_ctl()(epfd, libc::EPOLL_CTL_MOD, fd, &mut ev) };
+        r == 0
+    }
+
+    /// A descriptor taken with its registrations leaves, as asked, every
+    /// epoll it was registered in (with or without the library's socket
+    /// beside it), and the socket beside it leaves only those where the
+    /// library put it.
+    #[test]
+    fn a_descriptor_taken_leaves_every_epoll_it_was_in_and_its_socket_only_where_beside_it() {
+        use std::os::fd::AsRawFd;
+        let with_bell = epoll_instance();
+        let without_bell = epoll_instance();
+        let (conn, bell) = (eventfd(), eventfd());
+        let (fd, sock) = (conn.as_raw_fd(), bell.as_raw_fd());
+        for (ep, fd, data, beside) in [
+            (with_bell.as_raw_fd(), fd, 1, true),
+            (with_bell.as_raw_fd(), sock, 1, false),
+            (without_bell.as_raw_fd(), fd, 2, false),
+            // The same socket in the other epoll for something else of
+            // the program's: not the library's, it stays.
+            (without_bell.as_raw_fd(), sock, 3, false),
+        ] {
+            let mut ev = libc::epoll_event {
+                events: libc::EPOLLIN as u32,
+                u64: data,
+            };
+            // SAFETY: as in `in_kernel_epoll`.
+            let r = unsafe { real::epoll_ctl()(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) };
+            assert_eq!(r, 0, "epoll_ctl: {}", std::io::Error::last_os_error());
+            if fd != sock {
+                let interest = Interest {
+                    events: libc::EPOLLIN as u32,
+                    data,
+                    bell: beside,
+                };
+                epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, Some(interest));
+            }
+        }
+        let leaving = Leaving {
+            beside: Some(sock),
+            itself: true,
+        };
+        assert!(take_registered(fd, |_| leaving).is_none());
+        assert!(!in_kernel_epoll(with_bell.as_raw_fd(), fd));
+        assert!(!in_kernel_epoll(with_bell.as_raw_fd(), sock));
+        assert!(!in_kernel_epoll(without_bell.as_raw_fd(), fd));
+        assert!(in_kernel_epoll(without_bell.as_raw_fd(), sock));
+        for ep in [&with_bell, &without_bell] {
+            assert!(epoll_regs(ep.as_raw_fd()).is_none_or(|r| r.is_empty()));
+        }
+    }
+
+    /// A fresh epoll, closed when dropped.
+    fn epoll_instance() -> std::os::fd::OwnedFd {
+        use std::os::fd::FromRawFd;
+        // SAFETY: plain epoll_create1; the result is checked and owned at
+        // once.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        assert!(
+            fd >= 0,
+            "epoll_create1: {}",
+            std::io::Error::last_os_error()
+        );
+        // SAFETY: a new descriptor nothing else owns.
+        unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }
     }
 }
