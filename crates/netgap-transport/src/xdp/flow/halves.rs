@@ -70,9 +70,14 @@ impl Shared {
         let mut seen_arrivals = 0u64;
         loop {
             self.port.kick_error()?;
-            let mut st = self.port.lock();
-            // The first try goes before any pump: a send that has credit,
-            // or a receive whose bytes are here, needs none.
+            // The first try goes before any pump, and before the rest of a
+            // receive's pump left for later: a send that has credit, or a
+            // receive whose bytes are here, needs neither.
+            let mut st = if first {
+                self.port.lock_deferred()
+            } else {
+                self.port.lock()
+            };
             if first {
                 first = false;
                 let (io, s) = st.session(self.id)?;
@@ -83,7 +88,11 @@ impl Shared {
             }
             // A fresh clock for every event-mode wake-up and a wait's first
             // pump; a poll-mode spin after it uses a recent pump's.
-            st.pump(self.mode == Mode::Event || std::mem::take(&mut first_pump));
+            let fresh = self.mode == Mode::Event || std::mem::take(&mut first_pump);
+            match self.mode {
+                Mode::Poll => st.pump_for(self.id, fresh),
+                Mode::Event => st.pump(fresh),
+            }
             let (io, s) = st.session(self.id)?;
             if let Some(v) = attempt(io, s)? {
                 return Ok(v);
