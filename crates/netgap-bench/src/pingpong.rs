@@ -47,14 +47,25 @@ impl PingPongClient {
         let (tx, rx) = self.flow.split();
         let t0 = Instant::now();
         let mut prev = t0;
+        // The latest round trip's time, recorded once the next message has
+        // gone: the histogram's work falls in that message's flight, not
+        // between a reply and the next message, where it would be timed.
+        let mut unrecorded_ns: Option<u64> = None;
         for _ in 0..iterations {
             self.tx.fill(&mut self.buf);
-            tx.send_all(&self.buf)?;
+            let sent = tx.send_all(&self.buf);
+            if let Some(ns) = unrecorded_ns.take() {
+                rtt_hist.record_ns(ns);
+            }
+            sent?;
             rx.recv_exact(&mut self.buf)?;
             self.rx.check(&self.buf)?;
             let now = Instant::now();
-            rtt_hist.record_ns(u64::try_from((now - prev).as_nanos()).unwrap_or(u64::MAX));
+            unrecorded_ns = Some(u64::try_from((now - prev).as_nanos()).unwrap_or(u64::MAX));
             prev = now;
+        }
+        if let Some(ns) = unrecorded_ns {
+            rtt_hist.record_ns(ns);
         }
         Ok(u64::try_from((prev - t0).as_nanos()).unwrap_or(u64::MAX))
     }
