@@ -21,13 +21,23 @@ pub struct LibraryMissing(pub PathBuf);
 /// The library: `NETGAP_PRELOAD` if set, else next to the running binary;
 /// an error naming the path looked at when no file is there.
 pub fn library_path() -> Result<PathBuf, LibraryMissing> {
-    let path = match std::env::var_os(LIBRARY_ENV) {
+    library_at(std::env::var_os(LIBRARY_ENV))
+}
+
+/// The library named by `named` (`NETGAP_PRELOAD`'s value) or else next to
+/// the running binary, as an absolute path: the programs started under it
+/// run in other directories, and the loader ignores an `LD_PRELOAD` it
+/// cannot open (a relative one, from elsewhere), starting the program
+/// without the library and saying so only on its standard error.
+fn library_at(named: Option<OsString>) -> Result<PathBuf, LibraryMissing> {
+    let path = match named {
         Some(p) => PathBuf::from(p),
         None => std::env::current_exe()
             .ok()
             .and_then(|exe| exe.parent().map(|d| d.join(LIBRARY_FILE)))
             .unwrap_or_else(|| PathBuf::from(LIBRARY_FILE)),
     };
+    let path = std::path::absolute(&path).unwrap_or(path);
     if path.is_file() {
         Ok(path)
     } else {
@@ -718,6 +728,18 @@ impl LogSummary {
 #[allow(clippy::unwrap_used, reason = "a failed unwrap is a failed test")]
 mod tests {
     use super::*;
+
+    /// A relative `NETGAP_PRELOAD` is made absolute where it is read: the
+    /// programs under the library run elsewhere.
+    #[test]
+    fn a_relative_library_path_is_made_absolute() {
+        // The crate's directory is the test's: its manifest is a file there.
+        let found = library_at(Some("Cargo.toml".into())).unwrap();
+        assert!(found.is_absolute(), "{}", found.display());
+        assert!(found.ends_with("Cargo.toml"));
+        let missing = library_at(Some("no-such-library.so".into())).unwrap_err();
+        assert!(missing.0.is_absolute(), "{}", missing.0.display());
+    }
 
     #[test]
     fn a_program_s_environment_always_says_whether_it_goes_direct() {
