@@ -554,8 +554,10 @@ fn record_path(
 
 /// The warning of a point run under the preload library some of whose
 /// connections stayed on the kernel's TCP (`preload_kernel_connections`
-/// of the repetitions' metrics): such a point is not all the stack it
-/// names (shm on one host, xdp through the relays across hosts).
+/// of the repetitions' metrics), or none of whose connections the
+/// library's log has at all (the loader ignores a library it cannot open
+/// and runs the program without it): such a point is not all the stack
+/// it names (shm on one host, xdp through the relays across hosts).
 fn preload_warning(metrics: &[std::collections::BTreeMap<String, f64>]) -> Option<String> {
     let sum = |key: &str| -> f64 { metrics.iter().filter_map(|m| m.get(key)).sum() };
     let kernel = sum("preload_kernel_connections");
@@ -563,6 +565,12 @@ fn preload_warning(metrics: &[std::collections::BTreeMap<String, f64>]) -> Optio
         sum("preload_shm_connections"),
         sum("preload_xdp_connections"),
     );
+    let under_library = metrics
+        .iter()
+        .any(|m| m.contains_key("preload_kernel_connections"));
+    if under_library && kernel + shm + xdp == 0.0 {
+        return Some(NO_LIBRARY_WARNING.to_string());
+    }
     let stack = match (shm > 0.0, xdp > 0.0) {
         (true, true) => "shm or xdp",
         (true, false) => "shm",
@@ -576,6 +584,10 @@ fn preload_warning(metrics: &[std::collections::BTreeMap<String, f64>]) -> Optio
         )
     })
 }
+
+/// The warning of a point run under the preload library whose log has
+/// none of its connections.
+const NO_LIBRARY_WARNING: &str = "preload: the library's log has none of the point's connections: the programs ran without it (the loader ignores a library it cannot open), on the kernel's TCP";
 
 /// How the warning of a repetition whose data path did not read through
 /// its window begins.
@@ -736,6 +748,12 @@ mod tests {
             ])
         };
         assert_eq!(preload_warning(&[]), None);
+        assert_eq!(
+            preload_warning(&[rep(0.0, 0.0)]).as_deref(),
+            Some(NO_LIBRARY_WARNING)
+        );
+        let not_preloaded = std::collections::BTreeMap::from([("gathers".to_string(), 3.0)]);
+        assert_eq!(preload_warning(&[not_preloaded]), None);
         assert_eq!(preload_warning(&[rep(3.0, 0.0), rep(3.0, 0.0)]), None);
         assert_eq!(
             preload_warning(&[rep(3.0, 0.0), rep(2.0, 1.0)]).unwrap(),
