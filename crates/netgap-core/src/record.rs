@@ -11,6 +11,12 @@ use crate::stats::{Percentiles, Summary};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+/// The warning of a point run under the preload library whose programs
+/// ran without it (its log has none of the point's connections: the
+/// loader ignores a library it cannot open): the point names a stack that
+/// did not carry it, and no claim is judged from it.
+pub const WITHOUT_LIBRARY_WARNING: &str = "preload: the library's log has none of the point's connections: the programs ran without it (the loader ignores a library it cannot open), on the kernel's TCP";
+
 /// Spread of the repetitions of a point.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RecordStats {

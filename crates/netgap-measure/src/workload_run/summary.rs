@@ -569,7 +569,7 @@ fn preload_warning(metrics: &[std::collections::BTreeMap<String, f64>]) -> Optio
         .iter()
         .any(|m| m.contains_key("preload_kernel_connections"));
     if under_library && kernel + shm + xdp == 0.0 {
-        return Some(NO_LIBRARY_WARNING.to_string());
+        return Some(netgap_core::record::WITHOUT_LIBRARY_WARNING.to_string());
     }
     let stack = match (shm > 0.0, xdp > 0.0) {
         (true, true) => "shm or xdp",
@@ -584,10 +584,6 @@ fn preload_warning(metrics: &[std::collections::BTreeMap<String, f64>]) -> Optio
         )
     })
 }
-
-/// The warning of a point run under the preload library whose log has
-/// none of its connections.
-const NO_LIBRARY_WARNING: &str = "preload: the library's log has none of the point's connections: the programs ran without it (the loader ignores a library it cannot open), on the kernel's TCP";
 
 /// How the warning of a repetition whose data path did not read through
 /// its window begins.
@@ -750,7 +746,7 @@ mod tests {
         assert_eq!(preload_warning(&[]), None);
         assert_eq!(
             preload_warning(&[rep(0.0, 0.0)]).as_deref(),
-            Some(NO_LIBRARY_WARNING)
+            Some(netgap_core::record::WITHOUT_LIBRARY_WARNING)
         );
         let not_preloaded = std::collections::BTreeMap::from([("gathers".to_string(), 3.0)]);
         assert_eq!(preload_warning(&[not_preloaded]), None);

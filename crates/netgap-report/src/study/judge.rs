@@ -253,6 +253,16 @@ fn judge_direction(study: &Study, claim: &Claim, records: &[ResultRecord]) -> Ju
     if recs.is_empty() && !matches!(claim.test, ClaimTest::Unmeasurable(_)) {
         return cannot(format!("the results hold no record of {figures}"));
     }
+    if let Some(r) = recs.iter().find(|r| {
+        r.warnings
+            .iter()
+            .any(|w| w == netgap_core::record::WITHOUT_LIBRARY_WARNING)
+    }) {
+        return cannot(format!(
+            "{figures}: the {} points ran without the preload library, on the kernel's TCP",
+            r.transport
+        ));
+    }
     let r = Reading { fig, recs, figures };
     match &claim.test {
         ClaimTest::Unmeasurable(why) => cannot(why.clone()),
@@ -1518,5 +1528,27 @@ above = 0.5
         }
         let j = judge(&s, &s.claims[0], &[other]);
         assert!(matches!(j.direction, Verdict::CannotMeasure(_)), "{j:?}");
+    }
+
+    /// A record whose programs ran without the preload library judges no
+    /// claim: it names a stack that did not carry it.
+    #[test]
+    fn a_point_run_without_the_preload_library_judges_nothing() {
+        let s = Study::parse("t", STUDY).expect("study");
+        let mut recs = vec![
+            rec("1", "on", 1024, 2.0),
+            rec("1", "on", 65536, 8.0),
+            rec("1", "off", 1024, 1.0),
+            rec("1", "off", 65536, 4.0),
+        ];
+        assert_eq!(judge(&s, &s.claims[1], &recs).direction, Verdict::Holds);
+        recs[0]
+            .warnings
+            .push(netgap_core::record::WITHOUT_LIBRARY_WARNING.to_string());
+        let j = judge(&s, &s.claims[1], &recs);
+        assert!(
+            matches!(&j.direction, Verdict::CannotMeasure(w) if w.contains("without the preload library")),
+            "{j:?}"
+        );
     }
 }
