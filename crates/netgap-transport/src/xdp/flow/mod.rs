@@ -567,9 +567,9 @@ impl PortState {
     /// acknowledgments the frames carry, the timers, the other sessions'
     /// wake-ups) waits until the waiter has its bytes and has answered
     /// (see [`PortState::deferred_ns`]), so that neither stands between a
-    /// frame and the program: 60 to 100 ns a frame on the 2-vCPU guest of
-    /// BENCHMARKS.md, a third of what netgap adds to its floor's round
-    /// trip. Anything else that arrived is taken at once, as by `pump`.
+    /// frame and the program: about 100 cycles (40 ns) a message at each
+    /// end of a ping-pong on the 2-vCPU guest of BENCHMARKS.md. Anything
+    /// else that arrived is taken at once, as by `pump`.
     fn pump_for(&mut self, id: u16, fresh_clock: bool) {
         self.finish_deferred();
         let Some(now) = self.pump_front(fresh_clock) else {
