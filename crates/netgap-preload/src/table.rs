@@ -356,7 +356,7 @@ pub(crate) fn epoll_set_bell(epfd: c_int, fd: c_int) {
 
 /// What leaves the program's epolls with a descriptor the library
 /// forgets ([`take_registered`]).
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct Leaving {
     /// The socket the library registered beside the descriptor (a relay
     /// socket, a direct connection's socket), from each epoll where it
@@ -516,16 +516,6 @@ mod tests {
         assert!(epoll_regs(epfd).is_some_and(|r| r.is_empty()));
     }
 
-    /// An eventfd, closed when dropped.
-    fn eventfd() -> std::os::fd::OwnedFd {
-        use std::os::fd::FromRawFd;
-        // SAFETY: plain eventfd; the result is checked and owned at once.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-        assert!(fd >= 0, "eventfd: {}", std::io::Error::last_os_error());
-        // SAFETY: a new descriptor nothing else owns.
-        unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }
-    }
-
     /// Whether `fd` is registered in the kernel's `epfd`: a change of it
     /// is refused with ENOENT when it is not.
     fn in_kernel_epoll(epfd: c_int, fd: c_int) -> bool {
@@ -548,6 +538,7 @@ mod tests {
         use std::os::fd::AsRawFd;
         let with_bell = epoll_instance();
         let without_bell = epoll_instance();
+        let eventfd = || crate::unix::eventfd().expect("an eventfd");
         let (conn, bell) = (eventfd(), eventfd());
         let (fd, sock) = (conn.as_raw_fd(), bell.as_raw_fd());
         for (ep, fd, data, beside) in [
