@@ -46,7 +46,8 @@
 #                  `udp_stream` (blocking) against netgap -t udp --mode
 #                  event; xdp ping-pong 1 B and stream, floor `xdp_pingpong`
 #                  and `xdp_stream` (copy mode, spinning on the rings)
-#                  against netgap -t xdp --mode poll
+#                  against netgap -t xdp --mode poll; the ping-pong as five
+#                  runs of each per round, alternated, as for shm
 #
 # Results go to bench-out/floor-<timestamp>/: raw/round-N/ (every tool's own
 # output), commands.txt, machine.txt, table.md (printed at the end).
@@ -117,6 +118,7 @@ if [ "$QUICK" = 1 ]; then
 	PP_ITERS=5000; PP_WARMUP=500
 	NG_ITERS=5000; NG_REPS=3
 	SHM_ITERS=100000; SHM_WARMUP=10000; SHM_RUNS=1
+	XDP_PP_RUNS=1; XDP_NG_REPS=$NG_REPS
 	LAT_SECS=1; NP_EXTRA=(-n 50)
 	BW_SECS=1; NG_REP_TIME=500ms; NG_BW_REPS=2
 	ROUNDS=${ROUNDS:-1}
@@ -124,6 +126,7 @@ else
 	PP_ITERS=100000; PP_WARMUP=10000
 	NG_ITERS=100000; NG_REPS=5
 	SHM_ITERS=500000; SHM_WARMUP=50000; SHM_RUNS=5
+	XDP_PP_RUNS=5; XDP_NG_REPS=1 # a run as long as the floor's: 100,000 round trips
 	LAT_SECS=5; NP_EXTRA=()
 	BW_SECS=5; NG_REP_TIME=1s; NG_BW_REPS=5
 	ROUNDS=${ROUNDS:-3}
@@ -147,7 +150,7 @@ import glob, json, os, re, statistics, sys
 out = sys.argv[1]
 vals = {}      # (figure, tool) -> {round: value}
 problems = []
-shm_runs = []  # each shm run's value, for the notes under the table
+runs = []  # each run's value where a round has several, for the notes under the table
 
 def add(fig, tool, rnd, v):
     vals.setdefault((fig, tool), {})[rnd] = v
@@ -170,6 +173,19 @@ def netgap(text, metric, size, stat="p50"):
                 return (o.get("percentiles") or {}).get(stat, o["value"])
             return float(o["value"])
     return None
+
+def median_of_runs(r, raw, fig, tool, stem, ext, parse):
+    """a round's value from several runs: the median of STEM-N.EXT (or
+    STEM.EXT, from before there were several)"""
+    files = sorted(glob.glob(os.path.join(raw, f"{stem}-*.{ext}")), key=lambda f: int(re.search(r"-(\d+)\.", os.path.basename(f)).group(1)))
+    files += glob.glob(os.path.join(raw, f"{stem}.{ext}"))
+    got_runs = [v for v in (parse(open(f, errors="replace").read()) for f in files) if v is not None]
+    if files and not got_runs:
+        problems.append(f"round {r}: {tool}, {fig}: no result in {stem}*.{ext}")
+    elif got_runs:
+        add(fig, tool, r, statistics.median(got_runs))
+        if len(got_runs) > 1:
+            runs.append(f"round {r}, {fig.split(',')[0]}, {tool}: " + " / ".join(f"{v:.3f}" for v in got_runs))
 
 def floor_rtt(text, label, size):
     m = re.search(rf"^{label} msg={size} iters=\d+ half_rtt_us: .*median=([\d.]+)", text or "", re.M)
@@ -235,29 +251,20 @@ for r in rounds:
             ("ring floor", "floor_shm_ring", "txt", lambda t: floor_rtt(t, "shm_pingpong_ring", size)),
             ("netgap", "netgap_shm", "jsonl", lambda t: netgap(t, "latency_us", size)),
         ):
-            # runs of this round: STEM-N.EXT, or STEM.EXT from before there were several
-            files = sorted(glob.glob(os.path.join(raw, f"{stem}-*.{ext}")), key=lambda f: int(re.search(r"-(\d+)\.", os.path.basename(f)).group(1)))
-            files += glob.glob(os.path.join(raw, f"{stem}.{ext}"))
-            got_runs = [v for v in (parse(open(f, errors="replace").read()) for f in files) if v is not None]
-            if files and not got_runs:
-                problems.append(f"round {r}: {tool}, {fig}: no result in {stem}*.{ext}")
-            elif got_runs:
-                add(fig, tool, r, statistics.median(got_runs))
-                if len(got_runs) > 1:
-                    shm_runs.append(f"round {r}, {fig.split(',')[0]}, {tool}: " + " / ".join(f"{v:.3f}" for v in got_runs))
+            median_of_runs(r, raw, fig, tool, stem, ext, parse)
     got(UDP_PP, "floor", floor_rtt(read(raw, "floor_udp_pingpong.txt"), "udp_pingpong", 1), "floor_udp_pingpong.txt")
     got(UDP_PP, "netgap", netgap(read(raw, "netgap_udp_pingpong.jsonl"), "latency_us", 1), "netgap_udp_pingpong.jsonl")
     m = re.search(r"^udp_stream .*recv_gbps=([\d.]+)", read(raw, "floor_udp_stream.txt") or "", re.M)
     got(UDP_BW, "floor", float(m.group(1)) if m else None, "floor_udp_stream.txt")
     got(UDP_BW, "netgap", netgap(read(raw, "netgap_udp_stream.jsonl"), "bandwidth_gbps", 1024), "netgap_udp_stream.jsonl")
-    got(XDP_PP, "floor", floor_rtt(read(raw, "floor_xdp_pingpong.txt"), "xdp_pingpong", 1), "floor_xdp_pingpong.txt")
-    got(XDP_PP, "netgap", netgap(read(raw, "netgap_xdp_pingpong.jsonl"), "latency_us", 1), "netgap_xdp_pingpong.jsonl")
+    median_of_runs(r, raw, XDP_PP, "floor", "floor_xdp_pingpong", "txt", lambda t: floor_rtt(t, "xdp_pingpong", 1))
+    median_of_runs(r, raw, XDP_PP, "netgap", "netgap_xdp_pingpong", "jsonl", lambda t: netgap(t, "latency_us", 1))
     m = re.search(r"^xdp_stream .*recv_gbps=([\d.]+)", read(raw, "floor_xdp_stream.txt") or "", re.M)
     got(XDP_BW, "floor", float(m.group(1)) if m else None, "floor_xdp_stream.txt")
     got(XDP_BW, "netgap", netgap(read(raw, "netgap_xdp_stream.jsonl"), "bandwidth_gbps", 32768), "netgap_xdp_stream.jsonl")
     got(UDP_PP, "before", netgap(read(raw, "before_udp_pingpong.jsonl"), "latency_us", 1), "before_udp_pingpong.jsonl")
     got(UDP_BW, "before", netgap(read(raw, "before_udp_stream.jsonl"), "bandwidth_gbps", 1024), "before_udp_stream.jsonl")
-    got(XDP_PP, "before", netgap(read(raw, "before_xdp_pingpong.jsonl"), "latency_us", 1), "before_xdp_pingpong.jsonl")
+    median_of_runs(r, raw, XDP_PP, "before", "before_xdp_pingpong", "jsonl", lambda t: netgap(t, "latency_us", 1))
     got(XDP_BW, "before", netgap(read(raw, "before_xdp_stream.jsonl"), "bandwidth_gbps", 32768), "before_xdp_stream.jsonl")
 
 TOOLS = ["floor", "ring floor", "netgap", "before", "iperf3", "sockperf", "qperf", "NPtcp"]
@@ -308,9 +315,9 @@ if os.path.exists(cmds):
         lines.append(f"CPU busy just before each tool started: median {statistics.median(busy):.0f}%, max {max(busy)}%")
     if reruns:
         lines.append(f"tools run again because other work disturbed them: {reruns}")
-if shm_runs:
-    lines += ["", "shm rows: a round's value is each tool's median over its runs, which were (µs, in order):", ""]
-    lines += [f"- {x}" for x in shm_runs]
+if runs:
+    lines += ["", "shm and xdp ping-pong rows: a round's value is each tool's median over its runs, which were (µs, in order):", ""]
+    lines += [f"- {x}" for x in runs]
 if problems:
     lines += ["", "PROBLEMS: " + "; ".join(problems)]
 text = "\n".join(lines) + "\n"
@@ -636,7 +643,7 @@ phase_floor_xdp_pingpong() {
 	start_ready floor_xdp_pingpong_server 300 "${IN_S[@]}" "$FLOOR/xdp_pingpong" -s -i "$IF_S" -d "$MAC_C" -T 300 ||
 		{ FAILED+=(floor_xdp_pingpong); return; }
 	pid=$LAST_SERVER
-	run_limited floor_xdp_pingpong 300 "${IN_C[@]}" "$FLOOR/xdp_pingpong" -i "$IF_C" -d "$MAC_S" -m 1 \
+	run_limited "floor_xdp_pingpong-$XDP_RUN" 300 "${IN_C[@]}" "$FLOOR/xdp_pingpong" -i "$IF_C" -d "$MAC_S" -m 1 \
 		-n "$PP_ITERS" -w "$PP_WARMUP" -T 300 || true
 	stop_server "$pid" 5
 	xdp_off
@@ -659,7 +666,7 @@ phase_netgap_testbed() { # NAME TEST TRANSPORT MODE SIZE [BINARY HOSTS]
 	local name=$1 test=$2 tr=$3 mode=$4 size=$5 bin=${6:-$NETGAP} hosts=${7:-$HOSTS} f=$RAW/$1.jsonl extra
 	rm -f "$f"; PHASE_FILES+=("$f")
 	if [ "$test" = pingpong ]; then
-		extra=(--iterations "$NG_ITERS" --reps "$NG_REPS")
+		extra=(--iterations "$NG_ITERS" --reps "${REPS:-$NG_REPS}")
 	else
 		extra=(--rep-time "$NG_REP_TIME" --reps "$NG_BW_REPS")
 	fi
@@ -668,11 +675,11 @@ phase_netgap_testbed() { # NAME TEST TRANSPORT MODE SIZE [BINARY HOSTS]
 }
 phase_netgap_udp_pingpong() { phase_netgap_testbed netgap_udp_pingpong pingpong udp event 1; }
 phase_netgap_udp_stream() { phase_netgap_testbed netgap_udp_stream stream udp event "$(size_label "$UDP_BW_SIZE")"; }
-phase_netgap_xdp_pingpong() { phase_netgap_testbed netgap_xdp_pingpong pingpong xdp poll 1; }
+phase_netgap_xdp_pingpong() { REPS=$XDP_NG_REPS phase_netgap_testbed "netgap_xdp_pingpong-$XDP_RUN" pingpong xdp poll 1; }
 phase_netgap_xdp_stream() { phase_netgap_testbed netgap_xdp_stream stream xdp poll "$XDP_BW_MSG"; }
 phase_before_udp_pingpong() { phase_netgap_testbed before_udp_pingpong pingpong udp event 1 "$NETGAP_BEFORE" "$HOSTS_BEFORE"; }
 phase_before_udp_stream() { phase_netgap_testbed before_udp_stream stream udp event "$(size_label "$UDP_BW_SIZE")" "$NETGAP_BEFORE" "$HOSTS_BEFORE"; }
-phase_before_xdp_pingpong() { phase_netgap_testbed before_xdp_pingpong pingpong xdp poll 1 "$NETGAP_BEFORE" "$HOSTS_BEFORE"; }
+phase_before_xdp_pingpong() { REPS=$XDP_NG_REPS phase_netgap_testbed "before_xdp_pingpong-$XDP_RUN" pingpong xdp poll 1 "$NETGAP_BEFORE" "$HOSTS_BEFORE"; }
 phase_before_xdp_stream() { phase_netgap_testbed before_xdp_stream stream xdp poll "$XDP_BW_MSG" "$NETGAP_BEFORE" "$HOSTS_BEFORE"; }
 
 # ---------------------------------------------------------------- rounds
@@ -709,7 +716,7 @@ for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
 	if [ "$TESTBED" = 1 ]; then
 		pairs=()
 		want udp && pairs+=("floor_udp_pingpong netgap_udp_pingpong" "floor_udp_stream netgap_udp_stream")
-		want xdp && pairs+=("floor_xdp_pingpong netgap_xdp_pingpong" "floor_xdp_stream netgap_xdp_stream")
+		want xdp && pairs+=("floor_xdp_stream netgap_xdp_stream")
 		for pair in "${pairs[@]}"; do
 			# the earlier build beside them: floor, netgap, before, rotated
 			[ -z "$NETGAP_BEFORE" ] || pair="$pair before_${pair##* netgap_}"
@@ -718,6 +725,21 @@ for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
 				run_phase "$tool"
 			done
 		done
+		if want xdp; then
+			# several short runs of each, alternated, as for shm: the
+			# copy path's round trip sits on one of two levels for a whole
+			# run (about 4.4 and 5.3 µs one way on the AMD EPYC guest, the
+			# floor's runs as well as netgap's), and a round's value is
+			# each tool's median over its runs
+			pair="floor_xdp_pingpong netgap_xdp_pingpong"
+			[ -z "$NETGAP_BEFORE" ] || pair="$pair before_xdp_pingpong"
+			for ((XDP_RUN = 1; XDP_RUN <= XDP_PP_RUNS; XDP_RUN++)); do
+				# shellcheck disable=SC2086
+				for tool in $(rotate $((k + XDP_RUN)) $pair); do
+					run_phase "$tool"
+				done
+			done
+		fi
 	fi
 done
 
