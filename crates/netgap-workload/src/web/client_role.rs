@@ -313,9 +313,14 @@ fn summary(ran: Ran, target: &SocketAddr, stop: &Stop) -> Result<RoleResult, Rol
         });
     }
     if !stop.is_set() && outcomes.iter().all(|o| o.transactions == 0) {
+        // What the clients moved at all tells a server that never answered
+        // from connections that never opened (a lost SYN waits a second).
         return Err(refused(format!(
-            "no client completed a transaction with {} in the window{}",
+            "no client completed a transaction with {} in the window ({} clients sent {} B and received {} B in all){}",
             target,
+            outcomes.len(),
+            tx,
+            rx,
             last_error.map_or(String::new(), |e| format!(" (last error: {e})"))
         )));
     }
