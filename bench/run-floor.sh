@@ -151,6 +151,7 @@ out = sys.argv[1]
 vals = {}      # (figure, tool) -> {round: value}
 problems = []
 runs = []  # each run's value where a round has several, for the notes under the table
+all_runs = {}  # (figure, tool) -> every run's value, all rounds
 
 def add(fig, tool, rnd, v):
     vals.setdefault((fig, tool), {})[rnd] = v
@@ -184,8 +185,9 @@ def median_of_runs(r, raw, fig, tool, stem, ext, parse):
         problems.append(f"round {r}: {tool}, {fig}: no result in {stem}*.{ext}")
     elif got_runs:
         add(fig, tool, r, statistics.median(got_runs))
+        all_runs.setdefault((fig, tool), []).extend(got_runs)
         if len(got_runs) > 1:
-            runs.append(f"round {r}, {fig.split(',')[0]}, {tool}: " + " / ".join(f"{v:.3f}" for v in got_runs))
+            runs.append(f"round {r}, {fig.split(' (')[0].split(',')[0]}, {tool}: " + " / ".join(f"{v:.3f}" for v in got_runs))
 
 def floor_rtt(text, label, size):
     m = re.search(rf"^{label} msg={size} iters=\d+ half_rtt_us: .*median=([\d.]+)", text or "", re.M)
@@ -318,6 +320,20 @@ if os.path.exists(cmds):
 if runs:
     lines += ["", "shm and xdp ping-pong rows: a round's value is each tool's median over its runs, which were (µs, in order):", ""]
     lines += [f"- {x}" for x in runs]
+    # A run sits on one level of the path for its whole length, and each
+    # tool's runs draw their levels alike: the fastest run of each is the
+    # tools compared on the same level, whichever levels the rounds drew.
+    fastest = []
+    for fig in ORDER:
+        f = all_runs.get((fig, "floor"))
+        if not f or len(f) < 2:
+            continue
+        for t in TOOLS:
+            v = all_runs.get((fig, t))
+            if t != "floor" and v:
+                fastest.append(f"- {fig.split(' (')[0].split(',')[0]}, {t}: {min(v):.3f} against the floor's {min(f):.3f} (**{min(v) / min(f):.2f}**)")
+    if fastest:
+        lines += ["", "The fastest run of each tool over all rounds, against the floor's fastest (µs):", ""] + fastest
 if problems:
     lines += ["", "PROBLEMS: " + "; ".join(problems)]
 text = "\n".join(lines) + "\n"
