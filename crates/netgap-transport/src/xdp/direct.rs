@@ -252,15 +252,19 @@ pub struct DirectConn {
 
 impl DirectConn {
     /// The shape the relay gives a direct port: one connection's, smaller
-    /// than a transport port's (4 MiB of UMEM, not 16). Half the frames
-    /// receive: after the pump's reserve, 352 frames of credit (some 500
-    /// KB at a 1500-byte MTU), a full window of a stream in flight; half
-    /// transmit: after the acknowledgments' reserve, up to 256 data
-    /// frames in flight. A 1-byte ping-pong needs two frames. Frames of
-    /// 4096 bytes hold any MTU up to 4082 bytes; each ring holds every
-    /// receive buffer at once (the fill ring takes them all at the start).
+    /// than a transport port's (2 MiB of UMEM, not 16). Half the frames
+    /// receive: after the pump's reserve, 96 frames of credit (some 140
+    /// KB at a 1500-byte MTU, a 64 KiB response and more in flight, and
+    /// some 280 µs of the veth path's 4 Gbit/s); half transmit: up to
+    /// 128 data frames in flight. A 1-byte ping-pong needs two frames.
+    /// Half the frames of a transport port's share: the kernel pins every
+    /// page of a UMEM at each connection's setup, and 1,024 frames made a
+    /// direct connection's setup a quarter slower with no more bytes per
+    /// second in nginx's 64 KiB responses (BENCHMARKS.md). Frames of 4096
+    /// bytes hold any MTU up to 4082 bytes; each ring holds every receive
+    /// buffer at once (the fill ring takes them all at the start).
     pub const SHAPE: Shape = Shape {
-        frames: 1024,
+        frames: 512,
         frame_bytes: 4096,
         ring_entries: 512,
     };
@@ -707,7 +711,11 @@ mod tests {
         for mtu in [1280, 1500, 2034] {
             let s = DirectConn::shape_for_mtu(mtu);
             assert_eq!(s.frame_bytes, 2048, "MTU {mtu}");
-            assert_eq!((s.frames, s.ring_entries), (1024, 512), "MTU {mtu}");
+            assert_eq!(
+                (s.frames, s.ring_entries),
+                (DirectConn::SHAPE.frames, DirectConn::SHAPE.ring_entries),
+                "MTU {mtu}"
+            );
         }
         // One byte more, and a frame of the MTU no longer fits in 2048.
         for mtu in [2035, 4082, 9000] {

@@ -160,9 +160,42 @@ pub struct Unbound {
 /// free (`vm.nr_hugepages`, reserved by its operator), else on ordinary
 /// pages: the registration faults in and pins each page, 2.4 µs a 4 KiB
 /// page on a small VM (1.2 ms for 2 MiB), 0.04 ms for one 2 MiB huge page.
-/// Either way the memory is fresh and the program maps it alike.
+/// Either way the memory is fresh and the program maps it alike. On huge
+/// pages the port takes as many more frames as fill its last page, up to
+/// what its rings hold ([`on_whole_pages`]): registering a huge page costs
+/// the same whatever part of it the frames use, and a size that is no
+/// whole number of pages cannot go on them.
 pub fn prepare(shape: Shape) -> io::Result<Unbound> {
-    prepare_on(shape, true).or_else(|_| prepare_on(shape, false))
+    let huge = huge_page_bytes()
+        .and_then(|page| on_whole_pages(shape, page))
+        .ok_or_else(|| io::Error::from(io::ErrorKind::Unsupported));
+    huge.and_then(|s| prepare_on(s, true))
+        .or_else(|_| prepare_on(shape, false))
+}
+
+/// The system's default huge page size, bytes (`Hugepagesize` in
+/// `/proc/meminfo`); None where it has none.
+fn huge_page_bytes() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("Hugepagesize:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024).filter(|&b| b > 0)
+}
+
+/// `shape` with its frames raised to fill whole pages of `page_bytes`;
+/// None when that takes more receive frames (half of them) than a ring
+/// holds at once, or the frames do not divide a page.
+fn on_whole_pages(shape: Shape, page_bytes: u64) -> Option<Shape> {
+    let frame_bytes = u64::from(shape.frame_bytes);
+    if frame_bytes == 0 || !page_bytes.is_multiple_of(frame_bytes) {
+        return None;
+    }
+    let per_page = page_bytes / frame_bytes;
+    let frames = u64::from(shape.frames).div_ceil(per_page) * per_page;
+    (frames / 2 <= u64::from(shape.ring_entries)).then_some(Shape {
+        frames: u32::try_from(frames).ok()?,
+        ..shape
+    })
 }
 
 /// [`prepare`] on huge pages (`huge`) or ordinary ones.
@@ -499,6 +532,35 @@ mod tests {
         st.f_type
     }
 
+    #[test]
+    fn on_huge_pages_a_port_takes_its_last_pages_frames_while_its_rings_hold_them() {
+        const PAGE: u64 = 2 << 20;
+        let shape = |frames, frame_bytes, ring_entries| Shape {
+            frames,
+            frame_bytes,
+            ring_entries,
+        };
+        // A direct port at a 1500-byte MTU: 1 MiB asked, 2 MiB taken.
+        assert_eq!(
+            on_whole_pages(shape(512, 2048, 512), PAGE),
+            Some(shape(1024, 2048, 512))
+        );
+        // Already whole: unchanged.
+        assert_eq!(
+            on_whole_pages(shape(512, 4096, 512), PAGE),
+            Some(shape(512, 4096, 512))
+        );
+        assert_eq!(
+            on_whole_pages(shape(1024, 2048, 512), PAGE),
+            Some(shape(1024, 2048, 512))
+        );
+        // Rings too small for a page's receive frames, or frames that do
+        // not divide a page: ordinary pages.
+        assert_eq!(on_whole_pages(shape(64, 2048, 32), PAGE), None);
+        assert_eq!(on_whole_pages(shape(512, 3000, 512), PAGE), None);
+        assert_eq!(on_whole_pages(shape(512, 0, 512), PAGE), None);
+    }
+
     /// A UMEM goes on huge pages while the system has them free, and on
     /// ordinary pages otherwise (none free, or a size that is no whole
     /// number of them); the memfd maps and holds bytes either way.
@@ -531,7 +593,7 @@ mod tests {
                 libc::munmap(area, bytes);
             }
         };
-        // 128 KiB: no whole number of 2 MiB pages.
+        // 128 KiB, whose rings cannot take a whole 2 MiB page's frames.
         let small = Shape {
             frames: 64,
             frame_bytes: 2048,
@@ -550,8 +612,9 @@ mod tests {
             .trim()
             .parse()
             .unwrap();
+        // 1 MiB asked, the whole 2 MiB page's frames taken.
         let shape = Shape {
-            frames: 1024,
+            frames: 512,
             frame_bytes: 2048,
             ring_entries: 512,
         };
@@ -561,6 +624,7 @@ mod tests {
             Some(u) => {
                 assert!(u.huge_pages(), "a huge page was free");
                 assert_eq!(fs_type(u.umem()), HUGETLBFS_MAGIC);
+                assert_eq!(u.shape.frames, 1024);
                 maps_and_holds(&u, 2 << 20);
             }
             None => eprintln!("skipped the huge pages' half: the system reserved none"),

@@ -192,7 +192,7 @@ const XDP_COPY: u16 = 1 << 1;
 const XDP_USE_NEED_WAKEUP: u16 = 1 << 3;
 
 /// The shape of a port's UMEM and rings.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shape {
     /// Frames of the UMEM (a power of two).
     pub frames: u32,
