@@ -174,12 +174,16 @@ pub fn prepare(shape: Shape) -> io::Result<Unbound> {
 }
 
 /// The system's default huge page size, bytes (`Hugepagesize` in
-/// `/proc/meminfo`); None where it has none.
+/// `/proc/meminfo`, read once: it is fixed at boot); None where it has
+/// none.
 fn huge_page_bytes() -> Option<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = meminfo.lines().find(|l| l.starts_with("Hugepagesize:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024).filter(|&b| b > 0)
+    static BYTES: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *BYTES.get_or_init(|| {
+        let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let line = meminfo.lines().find(|l| l.starts_with("Hugepagesize:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        kib.checked_mul(1024).filter(|&b| b > 0)
+    })
 }
 
 /// `shape` with its frames raised to fill whole pages of `page_bytes`;
