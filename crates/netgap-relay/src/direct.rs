@@ -555,7 +555,7 @@ mod port {
 
     /// The pool of spare ports of the direct connections' shape on
     /// `ifname`: one connection's, which the transport's engine on it is
-    /// built for (2 MiB of UMEM at a 1500-byte MTU, not the 16 of a
+    /// built for (1 MiB of UMEM at a 1500-byte MTU, not the 16 of a
     /// transport port's: the kernel pins every page of it at the port's
     /// making, a cost each connection's setup pays at both ends). An MTU
     /// that cannot be read gets the shape that holds any up to 4082 bytes.
