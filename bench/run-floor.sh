@@ -175,6 +175,10 @@ def netgap(text, metric, size, stat="p50"):
             return float(o["value"])
     return None
 
+def short(fig):
+    """a figure's name without its parenthesis and unit"""
+    return fig.split(' (')[0].split(',')[0]
+
 def median_of_runs(r, raw, fig, tool, stem, ext, parse):
     """a round's value from several runs: the median of STEM-N.EXT (or
     STEM.EXT, from before there were several)"""
@@ -187,7 +191,7 @@ def median_of_runs(r, raw, fig, tool, stem, ext, parse):
         add(fig, tool, r, statistics.median(got_runs))
         all_runs.setdefault((fig, tool), []).extend(got_runs)
         if len(got_runs) > 1:
-            runs.append(f"round {r}, {fig.split(' (')[0].split(',')[0]}, {tool}: " + " / ".join(f"{v:.3f}" for v in got_runs))
+            runs.append(f"round {r}, {short(fig)}, {tool}: " + " / ".join(f"{v:.3f}" for v in got_runs))
 
 def floor_rtt(text, label, size):
     m = re.search(rf"^{label} msg={size} iters=\d+ half_rtt_us: .*median=([\d.]+)", text or "", re.M)
@@ -331,7 +335,7 @@ if runs:
         for t in TOOLS:
             v = all_runs.get((fig, t))
             if t != "floor" and v:
-                fastest.append(f"- {fig.split(' (')[0].split(',')[0]}, {t}: {min(v):.3f} against the floor's {min(f):.3f} (**{min(v) / min(f):.2f}**)")
+                fastest.append(f"- {short(fig)}, {t}: {min(v):.3f} against the floor's {min(f):.3f} (**{min(v) / min(f):.2f}**)")
     if fastest:
         lines += ["", "The fastest run of each tool over all rounds, against the floor's fastest (µs):", ""] + fastest
 if problems:

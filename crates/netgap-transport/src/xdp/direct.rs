@@ -257,10 +257,10 @@ impl DirectConn {
     /// KB at a 1500-byte MTU, a 64 KiB response and more in flight, and
     /// some 280 µs of the veth path's 4 Gbit/s); half transmit: up to
     /// 128 data frames in flight. A 1-byte ping-pong needs two frames.
-    /// Half the frames of a transport port's share: the kernel pins every
-    /// page of a UMEM at each connection's setup, and 1,024 frames made a
-    /// direct connection's setup a quarter slower with no more bytes per
-    /// second in nginx's 64 KiB responses (BENCHMARKS.md). Frames of 4096
+    /// 512 frames, not 1,024: the kernel pins every page of a UMEM at each
+    /// connection's setup, and 1,024 frames made a direct connection's
+    /// setup a quarter slower with no more bytes per second in nginx's
+    /// 64 KiB responses (BENCHMARKS.md). Frames of 4096
     /// bytes hold any MTU up to 4082 bytes; each ring holds every receive
     /// buffer at once (the fill ring takes them all at the start).
     pub const SHAPE: Shape = Shape {
